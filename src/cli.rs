@@ -1,0 +1,200 @@
+//! The command line: global options, subcommands, and how flags become configuration
+//! overrides.
+//!
+//! Flags are the highest-precedence configuration layer. The dedicated flags cover the
+//! settings people change most; `--set KEY=VALUE` reaches every key (see
+//! docs/configuration.md).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{LoadContext, Overrides};
+
+/// edra: a Kubernetes DRA driver for GPUs on edge nodes.
+#[derive(Debug, Parser)]
+#[command(name = "edra", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Options shared by every command.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options accepted by every command.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Configuration file [default: /etc/edra/config.toml, if it exists].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<LogFormatArg>,
+    /// Log filter, e.g. `info`, `debug` or `edra::publish=debug,info`.
+    #[arg(long, global = true, value_name = "FILTER")]
+    pub log_level: Option<String>,
+    /// Override any configuration key, e.g. `--set kubernetes.qps=20` (repeatable).
+    #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// `--log-format` values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the agent: discover GPUs, publish them, serve the kubelet.
+    Run(RunArgs),
+    /// Print the version and build details.
+    Version,
+}
+
+/// Options that select the node, the cluster and the devices.
+#[derive(Debug, Args, Clone, Default)]
+pub struct NodeArgs {
+    /// Device backend: auto (NVML, or a clear error), nvml, or mock (no GPU needed).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
+    /// This node's name [default: NODE_NAME, then the host name].
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// edra's state directory.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Root under which the NVIDIA driver's files are found.
+    #[arg(long, value_name = "DIR")]
+    pub driver_root: Option<PathBuf>,
+}
+
+/// Options of `edra run`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct RunArgs {
+    /// Node and device selection.
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Kubeconfig to use [default: KUBECONFIG, in-cluster, then the k3s kubeconfigs].
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context to use from the kubeconfig.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+/// `--backend` values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum BackendArg {
+    /// NVML, or a clear error when it cannot be loaded.
+    Auto,
+    /// NVIDIA's management library.
+    Nvml,
+    /// Described in configuration; no hardware needed.
+    Mock,
+}
+
+impl GlobalArgs {
+    /// Turns global flags into overrides; a malformed `--set` is returned as an error text.
+    pub fn overrides(&self, out: &mut Overrides) -> Result<(), Vec<String>> {
+        if let Some(f) = self.log_format {
+            let v = match f {
+                LogFormatArg::Text => "text",
+                LogFormatArg::Json => "json",
+            };
+            out.push("log.format", v, "--log-format");
+        }
+        if let Some(l) = &self.log_level {
+            out.push("log.level", l.clone(), "--log-level");
+        }
+        let mut errors = Vec::new();
+        for s in &self.set {
+            match s.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => out.push(k.trim(), v, format!("--set {s}")),
+                _ => errors.push(format!("--set {s:?}: expected KEY=VALUE, e.g. --set kubernetes.qps=20")),
+            }
+        }
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
+}
+
+impl NodeArgs {
+    /// Adds this command's overrides.
+    pub fn overrides(&self, out: &mut Overrides) {
+        if let Some(b) = self.backend {
+            let v = match b {
+                BackendArg::Auto => "auto",
+                BackendArg::Nvml => "nvml",
+                BackendArg::Mock => "mock",
+            };
+            out.push("backend", v, "--backend");
+        }
+        if let Some(n) = &self.node_name {
+            out.push("node_name", n.clone(), "--node-name");
+        }
+        if let Some(d) = &self.state_dir {
+            out.push("paths.state_dir", d.display().to_string(), "--state-dir");
+        }
+        if let Some(d) = &self.driver_root {
+            out.push("paths.driver_root", d.display().to_string(), "--driver-root");
+        }
+    }
+}
+
+impl RunArgs {
+    /// Adds this command's overrides.
+    pub fn overrides(&self, out: &mut Overrides) {
+        self.node.overrides(out);
+        if let Some(k) = &self.kubeconfig {
+            out.push("kubernetes.kubeconfig", k.display().to_string(), "--kubeconfig");
+        }
+        if let Some(c) = &self.context {
+            out.push("kubernetes.context", c.clone(), "--context");
+        }
+    }
+}
+
+impl Cli {
+    /// The configuration load context for this invocation, from the real process.
+    pub fn load_context(&self) -> Result<LoadContext, Vec<String>> {
+        let mut overrides = Overrides::default();
+        self.global.overrides(&mut overrides)?;
+        if let Command::Run(args) = &self.command {
+            args.overrides(&mut overrides);
+        }
+        Ok(LoadContext::from_process(self.global.config.clone(), overrides))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_flags_become_overrides() {
+        let cli =
+            Cli::try_parse_from(["edra", "run", "--backend", "mock", "--set", "kubernetes.qps=5", "--set", "oops"])
+                .unwrap();
+        let mut o = Overrides::default();
+        let err = cli.global.overrides(&mut o).unwrap_err();
+        assert!(err[0].contains("oops") && err[0].contains("KEY=VALUE"));
+        assert!(o.values.iter().any(|(k, v, _)| k == "kubernetes.qps" && v == "5"));
+        if let Command::Run(args) = &cli.command {
+            args.overrides(&mut o);
+        }
+        assert!(o.values.iter().any(|(k, v, f)| k == "backend" && v == "mock" && f == "--backend"));
+    }
+
+    #[test]
+    fn global_options_go_anywhere() {
+        let cli = Cli::try_parse_from(["edra", "run", "--config", "/x.toml", "--log-format", "json"]).unwrap();
+        assert_eq!(cli.global.config.as_deref(), Some(std::path::Path::new("/x.toml")));
+        assert!(matches!(cli.global.log_format, Some(LogFormatArg::Json)));
+    }
+}

@@ -1,0 +1,543 @@
+//! edra's configuration: every setting, its default, and validation of the whole.
+//!
+//! [`Config::load`] reads the TOML file (default `/etc/edra/config.toml`, optional when
+//! absent at that default path), the `EDRA_*` environment and command-line overrides,
+//! checks every key, and returns either a complete [`Config`] or every [`Problem`] found.
+//! Nothing here touches the network, binds a socket or creates a file. Every filesystem
+//! path edra uses is a key here, so tests run unprivileged against temp dirs.
+//! The documented example is `config/edra.toml`; docs/configuration.md lists every key.
+
+pub mod source;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use source::{Origin, Problem, Raw, Reader, env_name};
+use source::{abs_path, abs_path_list, boolean, bytes, duration, positive_f64, string, toml_value, uint};
+
+/// The configuration file read when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/edra/config.toml";
+/// The default DRA driver name.
+pub const DEFAULT_DRIVER_NAME: &str = "gpu.edra.dev";
+
+/// Which device backend discovers GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// NVML when the library loads, otherwise a clear error (never a silent mock).
+    Auto,
+    /// NVIDIA's management library.
+    Nvml,
+    /// GPUs described in the `[mock]` section; no hardware needed.
+    Mock,
+}
+
+impl BackendKind {
+    fn parse(raw: &Raw) -> Result<Self, String> {
+        match string(raw)?.as_str() {
+            "auto" => Ok(Self::Auto),
+            "nvml" => Ok(Self::Nvml),
+            "mock" => Ok(Self::Mock),
+            other => Err(format!("expected auto, nvml or mock, found {other:?}")),
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Kubernetes API access.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubeSettings {
+    /// Explicit kubeconfig; when unset, credentials are searched (see `kube::credentials`).
+    pub kubeconfig: Option<PathBuf>,
+    /// Context to use from the kubeconfig (default: its current-context).
+    pub context: Option<String>,
+    /// Client-side rate limit: sustained requests per second.
+    pub qps: f64,
+    /// Client-side rate limit: burst size.
+    pub burst: u32,
+    /// Timeout for one request (not for watches).
+    pub request_timeout: Duration,
+    /// Skip TLS verification of the API server. Dangerous; only when explicitly set.
+    pub insecure_skip_tls_verify: bool,
+    /// The k3s kubelet's kubeconfig, tried when nothing else is configured.
+    pub k3s_kubelet_kubeconfig: PathBuf,
+    /// The k3s server's admin kubeconfig, tried last.
+    pub k3s_server_kubeconfig: PathBuf,
+    /// Where an in-cluster service account's token, CA and namespace are mounted.
+    pub service_account_dir: PathBuf,
+}
+
+/// Filesystem locations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Paths {
+    /// The kubelet's root directory.
+    pub kubelet_root: PathBuf,
+    /// Where kubelet plugins keep their sockets (`<root>/plugins`).
+    pub plugins_dir: PathBuf,
+    /// The directory the kubelet watches for registration sockets.
+    pub registry_dir: PathBuf,
+    /// CDI spec directories the container runtime reads, lowest priority first.
+    pub cdi_spec_dirs: Vec<PathBuf>,
+    /// Where edra writes its per-claim (transient) CDI specs; one of `cdi_spec_dirs`.
+    pub cdi_dynamic_dir: PathBuf,
+    /// edra's own state (the sled database).
+    pub state_dir: PathBuf,
+    /// Root under which the NVIDIA driver's files are found (`/` on most hosts).
+    pub driver_root: PathBuf,
+    /// The device filesystem.
+    pub dev_root: PathBuf,
+    /// procfs.
+    pub proc_root: PathBuf,
+    /// sysfs.
+    pub sys_root: PathBuf,
+}
+
+impl Paths {
+    /// The directory holding edra's DRA socket: `<plugins dir>/<driver>`.
+    pub fn plugin_dir(&self, driver: &str) -> PathBuf {
+        self.plugins_dir.join(driver)
+    }
+    /// The DRA service socket: `<plugins dir>/<driver>/dra.sock`.
+    pub fn dra_socket(&self, driver: &str) -> PathBuf {
+        self.plugin_dir(driver).join("dra.sock")
+    }
+    /// The registration socket: `<registry dir>/<driver>-reg.sock`.
+    pub fn registration_socket(&self, driver: &str) -> PathBuf {
+        self.registry_dir.join(format!("{driver}-reg.sock"))
+    }
+}
+
+/// NVML settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NvmlSettings {
+    /// The NVML library: a bare file name is searched by the dynamic loader (under the
+    /// driver root's library folders when a driver root other than `/` is set); a path is
+    /// used as it is, relative to the driver root.
+    pub library: PathBuf,
+}
+
+/// One mock GPU's MIG layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MockMig {
+    /// Index of the parent GPU.
+    pub gpu: u32,
+    /// MIG profiles of the devices to create, e.g. `["1g.10gb", "3g.40gb"]`.
+    pub profiles: Vec<String>,
+}
+
+/// The mock backend's GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MockSettings {
+    /// Number of GPUs.
+    pub gpus: u32,
+    /// Product name, e.g. "NVIDIA A100-SXM4-80GB".
+    pub product_name: String,
+    /// Memory per GPU in bytes.
+    pub memory: u64,
+    /// Architecture name, e.g. "Ampere".
+    pub architecture: String,
+    /// CUDA compute capability, e.g. "8.0".
+    pub cuda_compute_capability: String,
+    /// Streaming multiprocessors per GPU.
+    pub multiprocessors: u32,
+    /// Driver version reported, e.g. "550.54.15".
+    pub driver_version: String,
+    /// CUDA driver version reported, e.g. "12.4".
+    pub cuda_driver_version: String,
+    /// MIG layouts; GPUs not listed are whole GPUs.
+    pub mig: Vec<MockMig>,
+}
+
+impl Default for MockSettings {
+    fn default() -> Self {
+        Self {
+            gpus: 2,
+            product_name: "NVIDIA A100-SXM4-80GB".into(),
+            memory: 80 << 30,
+            architecture: "Ampere".into(),
+            cuda_compute_capability: "8.0".into(),
+            multiprocessors: 108,
+            driver_version: "550.54.15".into(),
+            cuda_driver_version: "12.4".into(),
+            mig: Vec::new(),
+        }
+    }
+}
+
+/// The complete, validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file the configuration was read from, if any.
+    pub file: Option<PathBuf>,
+    /// This node's name (config, then `NODE_NAME`, then the host name).
+    pub node_name: String,
+    /// The DRA driver name.
+    pub driver_name: String,
+    /// Which backend discovers devices.
+    pub backend: BackendKind,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter (tracing `EnvFilter` syntax, e.g. `info` or `edra=debug,info`).
+    pub log_level: String,
+    /// API access.
+    pub kube: KubeSettings,
+    /// Filesystem locations.
+    pub paths: Paths,
+    /// NVML.
+    pub nvml: NvmlSettings,
+    /// How often devices are rediscovered and slices re-published if they changed.
+    pub rediscovery_interval: Duration,
+    /// How long in-flight gRPC calls may finish after SIGTERM.
+    pub shutdown_grace: Duration,
+    /// The mock backend's devices.
+    pub mock: MockSettings,
+}
+
+/// Command-line values that override configuration keys.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `(key, value, how the user wrote it)`.
+    pub values: Vec<(String, String, String)>,
+}
+
+impl Overrides {
+    /// Adds `key = value` given by `flag`.
+    pub fn push(&mut self, key: &str, value: impl Into<String>, flag: impl Into<String>) {
+        self.values.push((key.to_string(), value.into(), flag.into()));
+    }
+}
+
+/// What `Config::load` needs from the outside world, so tests can pass their own.
+#[derive(Debug, Clone)]
+pub struct LoadContext {
+    /// `--config`, if given.
+    pub explicit_file: Option<PathBuf>,
+    /// The file read when `--config` is not given and it exists.
+    pub default_file: PathBuf,
+    /// The process environment.
+    pub env: Vec<(String, String)>,
+    /// Command-line overrides.
+    pub overrides: Overrides,
+    /// The host name, used when neither config nor `NODE_NAME` names the node.
+    pub hostname: Option<String>,
+}
+
+impl LoadContext {
+    /// The real process environment and host name.
+    pub fn from_process(explicit_file: Option<PathBuf>, overrides: Overrides) -> Self {
+        Self {
+            explicit_file,
+            default_file: PathBuf::from(DEFAULT_CONFIG_PATH),
+            env: std::env::vars().collect(),
+            overrides,
+            hostname: hostname(),
+        }
+    }
+}
+
+/// The host name from the kernel, lower-cased, or `None`.
+pub fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for buf.len() bytes; gethostname writes at most that many.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = std::str::from_utf8(&buf[..end]).ok()?.trim().to_ascii_lowercase();
+    (!name.is_empty()).then_some(name)
+}
+
+impl Config {
+    /// Reads and validates everything; returns every problem at once on failure.
+    pub fn load(ctx: &LoadContext) -> Result<Config, Vec<Problem>> {
+        let mut reader = Reader::new();
+        let mut early = Vec::new();
+        let file = match &ctx.explicit_file {
+            Some(p) => Some(p.clone()),
+            None if ctx.default_file.exists() => Some(ctx.default_file.clone()),
+            None => None,
+        };
+        if let Some(path) = &file {
+            match std::fs::read_to_string(path) {
+                Ok(text) => match toml::from_str::<toml::Table>(&text) {
+                    Ok(table) => reader = reader.with_toml(path, table),
+                    Err(e) => early.push(Problem {
+                        key: String::new(),
+                        origin: Some(Origin::File(path.clone())),
+                        message: format!("not valid TOML: {}", e.to_string().trim_end()),
+                    }),
+                },
+                Err(e) => early.push(Problem {
+                    key: String::new(),
+                    origin: Some(Origin::File(path.clone())),
+                    message: if e.kind() == std::io::ErrorKind::NotFound {
+                        "configuration file not found; check the --config path".to_string()
+                    } else {
+                        format!("cannot read the configuration file: {e}")
+                    },
+                }),
+            }
+        }
+        reader = reader.with_env(ctx.env.iter().cloned());
+        for (key, value, flag) in &ctx.overrides.values {
+            reader = reader.with_flag(key, value.clone(), flag);
+        }
+        let node_env = ctx.env.iter().find(|(k, _)| k == "NODE_NAME").map(|(_, v)| v.clone());
+        let cfg = Self::read(&mut reader, file, node_env, ctx.hostname.clone());
+        let mut problems = early;
+        problems.extend(reader.finish());
+        if problems.is_empty() { Ok(cfg) } else { Err(problems) }
+    }
+
+    fn read(r: &mut Reader, file: Option<PathBuf>, node_env: Option<String>, host: Option<String>) -> Config {
+        let node_name = match r.opt("node_name", string) {
+            Some(n) => n,
+            None => node_env.filter(|n| !n.is_empty()).or(host).unwrap_or_default(),
+        };
+        if node_name.is_empty() {
+            r.problem("node_name", None, "no node name: set node_name, NODE_NAME or a host name");
+        } else if let Err(e) = validate_dns_subdomain(&node_name) {
+            let origin = r.origin_of("node_name");
+            r.problem("node_name", origin, format!("{node_name:?} is not a valid node name: {e}"));
+        }
+        let driver_name = r.get("driver_name", DEFAULT_DRIVER_NAME.to_string(), |raw| {
+            let s = string(raw)?;
+            validate_driver_name(&s).map(|_| s)
+        });
+        let backend = r.get("backend", BackendKind::Auto, BackendKind::parse);
+        let log_format = r.get("log.format", LogFormat::Text, |raw| match string(raw)?.as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("expected text or json, found {other:?}")),
+        });
+        let log_level = r.get("log.level", "info".to_string(), |raw| {
+            let s = string(raw)?;
+            tracing_subscriber::EnvFilter::builder()
+                .parse(&s)
+                .map(|_| s.clone())
+                .map_err(|e| format!("not a valid log filter {s:?}: {e}"))
+        });
+
+        let kube = KubeSettings {
+            kubeconfig: r.opt("kubernetes.kubeconfig", |raw| {
+                let s = string(raw)?;
+                if s.is_empty() { Err("expected a path, found an empty string".into()) } else { Ok(PathBuf::from(s)) }
+            }),
+            context: r.opt("kubernetes.context", string),
+            qps: r.get("kubernetes.qps", 100.0, positive_f64),
+            burst: r.get("kubernetes.burst", 200, |raw| match uint(raw)? {
+                0 => Err("burst must be at least 1".into()),
+                n => u32::try_from(n).map_err(|_| format!("burst {n} is too large")),
+            }),
+            request_timeout: r.get("kubernetes.request_timeout", Duration::from_secs(30), positive_duration),
+            insecure_skip_tls_verify: r.get("kubernetes.insecure_skip_tls_verify", false, boolean),
+            k3s_kubelet_kubeconfig: r.get(
+                "kubernetes.k3s_kubelet_kubeconfig",
+                "/var/lib/rancher/k3s/agent/kubelet.kubeconfig".into(),
+                abs_path,
+            ),
+            k3s_server_kubeconfig: r.get(
+                "kubernetes.k3s_server_kubeconfig",
+                "/etc/rancher/k3s/k3s.yaml".into(),
+                abs_path,
+            ),
+            service_account_dir: r.get(
+                "kubernetes.service_account_dir",
+                "/var/run/secrets/kubernetes.io/serviceaccount".into(),
+                abs_path,
+            ),
+        };
+
+        let kubelet_root: PathBuf = r.get("kubelet.root_dir", "/var/lib/kubelet".into(), abs_path);
+        let plugins_dir = r.get("kubelet.plugins_dir", kubelet_root.join("plugins"), abs_path);
+        let registry_dir = r.get("kubelet.registry_dir", kubelet_root.join("plugins_registry"), abs_path);
+        let cdi_spec_dirs: Vec<PathBuf> =
+            r.get("cdi.spec_dirs", vec!["/etc/cdi".into(), "/var/run/cdi".into()], abs_path_list);
+        let cdi_dynamic_dir: PathBuf = r.get("cdi.dynamic_dir", "/var/run/cdi".into(), abs_path);
+        if !cdi_spec_dirs.iter().any(|d| d == &cdi_dynamic_dir) {
+            let origin = r.origin_of("cdi.dynamic_dir");
+            r.problem(
+                "cdi.dynamic_dir",
+                origin,
+                format!(
+                    "{} is not one of cdi.spec_dirs ({}); the container runtime would not see edra's specs",
+                    cdi_dynamic_dir.display(),
+                    cdi_spec_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+                ),
+            );
+        }
+        let paths = Paths {
+            kubelet_root,
+            plugins_dir,
+            registry_dir,
+            cdi_spec_dirs,
+            cdi_dynamic_dir,
+            state_dir: r.get("paths.state_dir", "/var/lib/edra".into(), abs_path),
+            driver_root: r.get("paths.driver_root", "/".into(), abs_path),
+            dev_root: r.get("paths.dev_root", "/dev".into(), abs_path),
+            proc_root: r.get("paths.proc_root", "/proc".into(), abs_path),
+            sys_root: r.get("paths.sys_root", "/sys".into(), abs_path),
+        };
+        let nvml = NvmlSettings {
+            library: r.get("nvml.library", "libnvidia-ml.so.1".into(), |raw| {
+                let s = string(raw)?;
+                if s.is_empty() { Err("expected a library name or path".into()) } else { Ok(PathBuf::from(s)) }
+            }),
+        };
+        let rediscovery_interval = r.get("publish.rediscovery_interval", Duration::from_secs(60), positive_duration);
+        let shutdown_grace = r.get("plugin.shutdown_grace", Duration::from_secs(10), duration);
+        let mock = read_mock(r);
+        Config {
+            file,
+            node_name,
+            driver_name,
+            backend,
+            log_format,
+            log_level,
+            kube,
+            paths,
+            nvml,
+            rediscovery_interval,
+            shutdown_grace,
+            mock,
+        }
+    }
+}
+
+fn positive_duration(raw: &Raw) -> Result<Duration, String> {
+    let d = duration(raw)?;
+    if d.is_zero() { Err("must be greater than zero".into()) } else { Ok(d) }
+}
+
+fn read_mock(r: &mut Reader) -> MockSettings {
+    let d = MockSettings::default();
+    let gpus = r.get("mock.gpus", d.gpus, |raw| match uint(raw)? {
+        n if n > 64 => Err(format!("at most 64 mock GPUs, found {n}")),
+        n => Ok(n as u32),
+    });
+    let mut m = MockSettings {
+        gpus,
+        product_name: r.get("mock.product_name", d.product_name, nonempty_string),
+        memory: r.get("mock.memory", d.memory, bytes),
+        architecture: r.get("mock.architecture", d.architecture, nonempty_string),
+        cuda_compute_capability: r.get("mock.cuda_compute_capability", d.cuda_compute_capability, nonempty_string),
+        multiprocessors: r.get("mock.multiprocessors", d.multiprocessors, |raw| {
+            u32::try_from(uint(raw)?).map_err(|_| "too large".to_string())
+        }),
+        driver_version: r.get("mock.driver_version", d.driver_version, nonempty_string),
+        cuda_driver_version: r.get("mock.cuda_driver_version", d.cuda_driver_version, nonempty_string),
+        mig: Vec::new(),
+    };
+    m.mig = r.get("mock.mig", Vec::new(), |raw| parse_mock_mig(&toml_value(raw)?, gpus));
+    m
+}
+
+fn nonempty_string(raw: &Raw) -> Result<String, String> {
+    let s = string(raw)?;
+    if s.trim().is_empty() { Err("must not be empty".into()) } else { Ok(s) }
+}
+
+fn parse_mock_mig(v: &toml::Value, gpus: u32) -> Result<Vec<MockMig>, String> {
+    let items = v.as_array().ok_or("expected a list of { gpu = N, profiles = [...] } tables")?;
+    let mut out: Vec<MockMig> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let t = item.as_table().ok_or_else(|| format!("entry {i}: expected a table"))?;
+        for k in t.keys() {
+            if k != "gpu" && k != "profiles" {
+                return Err(format!("entry {i}: unknown field {k:?} (expected gpu and profiles)"));
+            }
+        }
+        let gpu = t
+            .get("gpu")
+            .and_then(|g| g.as_integer())
+            .filter(|g| *g >= 0)
+            .ok_or_else(|| format!("entry {i}: gpu must be a GPU index"))? as u32;
+        if gpu >= gpus {
+            return Err(format!("entry {i}: gpu {gpu} does not exist (mock.gpus is {gpus})"));
+        }
+        if out.iter().any(|m| m.gpu == gpu) {
+            return Err(format!("entry {i}: gpu {gpu} is listed twice"));
+        }
+        let profiles = t
+            .get("profiles")
+            .and_then(|p| p.as_array())
+            .ok_or_else(|| format!("entry {i}: profiles must be a list such as [\"1g.10gb\"]"))?
+            .iter()
+            .map(|p| {
+                let s = p.as_str().ok_or_else(|| format!("entry {i}: profiles must be strings"))?;
+                validate_mig_profile(s).map_err(|e| format!("entry {i}: {e}"))?;
+                Ok(s.to_string())
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        if profiles.is_empty() {
+            return Err(format!("entry {i}: profiles must not be empty"));
+        }
+        out.push(MockMig { gpu, profiles });
+    }
+    Ok(out)
+}
+
+/// Checks a MIG profile name such as `1g.10gb` or `1c.3g.40gb`.
+pub fn validate_mig_profile(s: &str) -> Result<(), String> {
+    let parts: Vec<&str> = s.split('.').collect();
+    let ok = match parts.as_slice() {
+        [g, mem] => is_num_suffix(g, "g") && is_num_suffix(mem, "gb"),
+        [c, g, mem] => is_num_suffix(c, "c") && is_num_suffix(g, "g") && is_num_suffix(mem, "gb"),
+        _ => false,
+    };
+    if ok { Ok(()) } else { Err(format!("{s:?} is not a MIG profile such as \"1g.10gb\"")) }
+}
+
+fn is_num_suffix(s: &str, suffix: &str) -> bool {
+    s.strip_suffix(suffix).is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// Validates a DNS-1123 subdomain (lower case, ≤253, labels of `[a-z0-9-]` separated by `.`).
+pub fn validate_dns_subdomain(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 253 {
+        return Err("must be 1 to 253 characters".into());
+    }
+    for label in s.split('.') {
+        validate_dns_label(label).map_err(|e| format!("label {label:?} {e}"))?;
+    }
+    Ok(())
+}
+
+/// Validates a DNS-1123 label (lower case alphanumerics and `-`, ≤63, alphanumeric ends).
+pub fn validate_dns_label(s: &str) -> Result<(), String> {
+    let b = s.as_bytes();
+    if b.is_empty() || b.len() > 63 {
+        return Err("must be 1 to 63 characters".into());
+    }
+    let ok_mid = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-';
+    let ok_end = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if !b.iter().all(ok_mid) || !ok_end(&b[0]) || !ok_end(&b[b.len() - 1]) {
+        return Err(
+            "must consist of lower case letters, digits and '-', and start and end with a letter or digit".into()
+        );
+    }
+    Ok(())
+}
+
+/// Validates a DRA driver name: a DNS subdomain of at most 63 characters with a domain.
+pub fn validate_driver_name(s: &str) -> Result<(), String> {
+    if s.len() > 63 {
+        return Err(format!("driver name {s:?} is longer than 63 characters"));
+    }
+    validate_dns_subdomain(s).map_err(|e| format!("driver name {s:?}: {e}"))?;
+    if !s.contains('.') {
+        return Err(format!("driver name {s:?} must be a domain such as gpu.example.com"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

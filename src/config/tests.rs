@@ -1,0 +1,141 @@
+use super::*;
+use std::path::Path;
+use std::io::Write;
+
+fn ctx(file: Option<PathBuf>, env: &[(&str, &str)]) -> LoadContext {
+    LoadContext {
+        explicit_file: file,
+        default_file: PathBuf::from("/nonexistent/default/config.toml"),
+        env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        overrides: Overrides::default(),
+        hostname: Some("host-a".into()),
+    }
+}
+
+fn write(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn defaults_without_file() {
+    let cfg = Config::load(&ctx(None, &[])).unwrap();
+    assert_eq!(cfg.node_name, "host-a");
+    assert_eq!(cfg.driver_name, "gpu.edra.dev");
+    assert_eq!(cfg.backend, BackendKind::Auto);
+    assert_eq!(cfg.paths.dra_socket("gpu.edra.dev"), Path::new("/var/lib/kubelet/plugins/gpu.edra.dev/dra.sock"));
+    assert_eq!(
+        cfg.paths.registration_socket("gpu.edra.dev"),
+        Path::new("/var/lib/kubelet/plugins_registry/gpu.edra.dev-reg.sock")
+    );
+    assert_eq!(cfg.paths.cdi_dynamic_dir, Path::new("/var/run/cdi"));
+    assert_eq!(cfg.mock.gpus, 2);
+    assert_eq!(cfg.mock.memory, 80 << 30);
+}
+
+#[test]
+fn node_name_order_is_config_then_node_name_then_host() {
+    let cfg = Config::load(&ctx(None, &[("NODE_NAME", "from-env")])).unwrap();
+    assert_eq!(cfg.node_name, "from-env");
+    let cfg = Config::load(&ctx(None, &[("NODE_NAME", "from-env"), ("EDRA_NODE_NAME", "from-key")])).unwrap();
+    assert_eq!(cfg.node_name, "from-key");
+    let f = write("node_name = \"from-file\"\n");
+    let cfg = Config::load(&ctx(Some(f.path().into()), &[("NODE_NAME", "from-env")])).unwrap();
+    assert_eq!(cfg.node_name, "from-file");
+}
+
+#[test]
+fn kubelet_root_moves_derived_dirs_unless_they_are_set() {
+    let f = write("[kubelet]\nroot_dir = \"/k\"\nregistry_dir = \"/r\"\n");
+    let cfg = Config::load(&ctx(Some(f.path().into()), &[])).unwrap();
+    assert_eq!(cfg.paths.plugins_dir, Path::new("/k/plugins"));
+    assert_eq!(cfg.paths.registry_dir, Path::new("/r"));
+}
+
+#[test]
+fn missing_explicit_file_names_the_file() {
+    let problems = Config::load(&ctx(Some("/nonexistent/edra.toml".into()), &[])).unwrap_err();
+    assert_eq!(problems.len(), 1);
+    let msg = problems[0].to_string();
+    assert!(msg.contains("/nonexistent/edra.toml") && msg.contains("not found"), "{msg}");
+}
+
+#[test]
+fn invalid_toml_is_reported_with_position() {
+    let f = write("backend = \n");
+    let problems = Config::load(&ctx(Some(f.path().into()), &[])).unwrap_err();
+    let msg = problems[0].to_string();
+    assert!(msg.contains("not valid TOML") && msg.contains("line 1"), "{msg}");
+}
+
+#[test]
+fn all_problems_at_once() {
+    let f = write(
+        r#"
+driver_name = "NoDomain"
+backend = "cuda"
+[kubernetes]
+qps = 0
+burst = 0
+request_timeout = "soon"
+[paths]
+state_dir = "relative/dir"
+[cdi]
+dynamic_dir = "/run/elsewhere"
+[mock]
+gpus = 2
+mig = [{ gpu = 5, profiles = ["1g.10gb"] }]
+"#,
+    );
+    let problems = Config::load(&ctx(Some(f.path().into()), &[("EDRA_LOG_FORMAT", "xml")])).unwrap_err();
+    let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    for needle in [
+        "driver_name",
+        "backend: expected auto, nvml or mock",
+        "kubernetes.qps",
+        "kubernetes.burst",
+        "kubernetes.request_timeout",
+        "paths.state_dir: \"relative/dir\" is not an absolute path",
+        "cdi.dynamic_dir",
+        "mock.mig: entry 0: gpu 5 does not exist",
+        "EDRA_LOG_FORMAT: log.format: expected text or json",
+    ] {
+        assert!(text.iter().any(|t| t.contains(needle)), "missing {needle:?} in {text:#?}");
+    }
+    assert_eq!(text.len(), 9, "{text:#?}");
+}
+
+#[test]
+fn flags_override_env_and_file() {
+    let f = write("backend = \"nvml\"\n");
+    let mut c = ctx(Some(f.path().into()), &[("EDRA_BACKEND", "auto")]);
+    c.overrides.push("backend", "mock", "--backend");
+    let cfg = Config::load(&c).unwrap();
+    assert_eq!(cfg.backend, BackendKind::Mock);
+}
+
+#[test]
+fn mock_mig_from_file_and_env() {
+    let f =
+        write("[mock]\ngpus = 3\nmemory = \"40Gi\"\n[[mock.mig]]\ngpu = 1\nprofiles = [\"3g.20gb\", \"3g.20gb\"]\n");
+    let cfg = Config::load(&ctx(Some(f.path().into()), &[])).unwrap();
+    assert_eq!(cfg.mock.memory, 40 << 30);
+    assert_eq!(cfg.mock.mig, vec![MockMig { gpu: 1, profiles: vec!["3g.20gb".into(), "3g.20gb".into()] }]);
+    let cfg = Config::load(&ctx(None, &[("EDRA_MOCK_MIG", "[{gpu = 0, profiles = [\"1g.10gb\"]}]")])).unwrap();
+    assert_eq!(cfg.mock.mig[0].profiles, vec!["1g.10gb".to_string()]);
+    let err = Config::load(&ctx(None, &[("EDRA_MOCK_MIG", "[{gpu = 0, profiles = [\"big\"]}]")])).unwrap_err();
+    assert!(err[0].to_string().contains("not a MIG profile"), "{}", err[0]);
+}
+
+#[test]
+fn names() {
+    assert!(validate_driver_name("gpu.edra.dev").is_ok());
+    assert!(validate_driver_name("gpu").is_err());
+    assert!(validate_driver_name("GPU.edra.dev").is_err());
+    assert!(validate_dns_subdomain("node-1.example").is_ok());
+    assert!(validate_dns_subdomain("-node").is_err());
+    assert!(validate_dns_label(&"a".repeat(64)).is_err());
+    assert!(validate_mig_profile("1c.3g.40gb").is_ok());
+    assert!(validate_mig_profile("1g10gb").is_err());
+}

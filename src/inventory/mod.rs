@@ -1,0 +1,89 @@
+//! The device model and the backends that discover devices.
+//!
+//! A [`DeviceBackend`] turns the node's hardware into an [`Inventory`]: the devices edra
+//! publishes (whole GPUs, or MIG devices in place of a GPU in MIG mode) with their
+//! attributes and capacity, plus what the prepare path needs to hand them to a container
+//! (device nodes, UUIDs). The publisher and the prepare path share this model.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// A device attribute value as published in a ResourceSlice.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AttributeValue {
+    /// `int` (int64).
+    Int(i64),
+    /// `bool`.
+    Bool(bool),
+    /// `string` (at most 64 bytes).
+    String(String),
+    /// `version` (semantic version 2.0.0).
+    Version(String),
+}
+
+/// What kind of device this is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A whole GPU.
+    Gpu,
+    /// A MIG device carved out of a GPU.
+    Mig(MigInfo),
+}
+
+/// Where a MIG device lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigInfo {
+    /// UUID of the parent GPU.
+    pub parent_uuid: String,
+    /// Minor number of the parent GPU (`/dev/nvidia<minor>`).
+    pub parent_minor: u32,
+    /// Index of the parent GPU.
+    pub parent_index: u32,
+    /// GPU instance ID.
+    pub gi: u32,
+    /// Compute instance ID.
+    pub ci: u32,
+    /// Profile name, e.g. `1g.10gb`.
+    pub profile: String,
+}
+
+/// One allocatable device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Name in the ResourceSlice: `gpu-<minor>` or `gpu-<minor>-mig-<gi>-<ci>` (DNS label).
+    pub name: String,
+    /// GPU or MIG.
+    pub kind: DeviceKind,
+    /// The device's UUID (`GPU-...` or `MIG-...`).
+    pub uuid: String,
+    /// Index as NVML enumerates GPUs (the parent's index for MIG).
+    pub index: u32,
+    /// Minor number of the GPU device node (the parent's for MIG).
+    pub minor: u32,
+    /// Attributes to publish, keyed by qualified name (`uuid`, `resource.kubernetes.io/pciBusID`).
+    pub attributes: BTreeMap<String, AttributeValue>,
+    /// Capacity to publish in base units (bytes for `memory`), keyed by qualified name.
+    pub capacity: BTreeMap<String, u64>,
+    /// Device nodes this device needs in a container, as paths on the host
+    /// (e.g. `<dev root>/nvidia0`, MIG capability nodes). Control nodes shared by all GPUs
+    /// (`nvidiactl`, `nvidia-uvm`, ...) are not listed here.
+    pub device_nodes: Vec<PathBuf>,
+}
+
+/// Everything a backend discovered.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Inventory {
+    /// Devices, sorted by name.
+    pub devices: Vec<Device>,
+    /// The kernel driver version, e.g. `550.54.15`, when known.
+    pub driver_version: Option<String>,
+    /// The CUDA driver version, e.g. `12.4.0`, when known.
+    pub cuda_driver_version: Option<String>,
+}
+
+impl Inventory {
+    /// The device called `name`, if any.
+    pub fn device(&self, name: &str) -> Option<&Device> {
+        self.devices.iter().find(|d| d.name == name)
+    }
+}

@@ -1,0 +1,31 @@
+//! edra: a Kubernetes Dynamic Resource Allocation (DRA) driver for GPUs, built for small
+//! edge clusters (k3s, air-gapped sites, hosts run with packages and systemd).
+//!
+//! The binary (`src/main.rs`) is thin; everything lives in this library so integration
+//! tests and benchmarks can drive the same code in-process:
+//!
+//! - [`config`]: the TOML file, `EDRA_*` environment and flags, validated all at once.
+//! - [`kube`]: the Kubernetes API client on hyper + rustls (kubeconfig, in-cluster, watch).
+//! - [`inventory`]: the device model and its backends (NVML, mock).
+//! - [`publish`]: desired ResourceSlices (pure) and the loop that keeps them published.
+//! - [`plugin`]: the kubelet's gRPC APIs on Unix sockets (registration, DRAPlugin).
+//! - [`prepare`]: claim preparation: opaque configs, CDI specs, driver files.
+//! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
+//! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
+//! - [`telemetry`]: logging setup.
+//! - [`app`]: wiring, task supervision and shutdown for `edra run`.
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod hook;
+pub mod inventory;
+pub mod kube;
+pub mod plugin;
+pub mod prepare;
+pub mod publish;
+pub mod state;
+pub mod telemetry;
+
+/// edra's version, from Cargo.toml.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

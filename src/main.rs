@@ -1,0 +1,55 @@
+//! The `edra` binary: parse the command line, load and validate configuration, set up
+//! logging, then hand over to the library. Exit codes: 0 success, 1 runtime failure,
+//! 64 invalid configuration or usage (EX_USAGE).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use edra::cli::{Cli, Command};
+use edra::config::Config;
+
+/// EX_USAGE from sysexits.h: the configuration or command line is wrong.
+const EXIT_CONFIG: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Version = cli.command {
+        println!("edra {}", edra::VERSION);
+        println!("target: {}-{}", std::env::consts::ARCH, std::env::consts::OS);
+        println!("kubelet APIs: v1.DRAPlugin, v1beta1.DRAPlugin; resource.k8s.io: v1, v1beta2, v1beta1");
+        return ExitCode::SUCCESS;
+    }
+    let ctx = match cli.load_context() {
+        Ok(ctx) => ctx,
+        Err(errors) => return config_failure(errors),
+    };
+    let config = match Config::load(&ctx) {
+        Ok(c) => c,
+        Err(problems) => return config_failure(problems.iter().map(ToString::to_string).collect()),
+    };
+    edra::telemetry::init(config.log_format, &config.log_level);
+    let result = match cli.command {
+        Command::Run(_) => edra::app::run_blocking(config),
+        Command::Version => unreachable!("handled above"),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(edra::app::AppError::Config(msg)) => config_failure(vec![msg]),
+        Err(e) => {
+            eprintln!("edra: {}", edra::app::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_failure(problems: Vec<String>) -> ExitCode {
+    eprintln!(
+        "edra: invalid configuration ({} problem{}):",
+        problems.len(),
+        if problems.len() == 1 { "" } else { "s" }
+    );
+    for p in problems {
+        eprintln!("  - {p}");
+    }
+    ExitCode::from(EXIT_CONFIG)
+}
