@@ -1,1 +1,3 @@
-//! (in progress)
+//! The kubelet's gRPC APIs on Unix sockets: plugin registration and DRAPlugin v1/v1beta1.
+
+pub mod handler;

@@ -1,0 +1,5 @@
+//! Integration tests: real HTTPS to the in-process test API server, real gRPC over real
+//! Unix sockets, real sled on temp dirs, the real nvml-wrapper loading a stand-in library.
+//! One test binary (modules below) keeps link time down.
+
+mod support;

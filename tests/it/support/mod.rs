@@ -1,0 +1,2 @@
+//! Test doubles and helpers shared by the integration tests and the benchmarks.
+#![allow(dead_code)]
