@@ -1,6 +1,6 @@
 use super::*;
-use std::path::Path;
 use std::io::Write;
+use std::path::Path;
 
 fn ctx(file: Option<PathBuf>, env: &[(&str, &str)]) -> LoadContext {
     LoadContext {
@@ -138,4 +138,13 @@ fn names() {
     assert!(validate_dns_label(&"a".repeat(64)).is_err());
     assert!(validate_mig_profile("1c.3g.40gb").is_ok());
     assert!(validate_mig_profile("1g10gb").is_err());
+}
+
+#[test]
+fn documented_example_is_valid_and_shows_the_defaults() {
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/edra.toml");
+    let from_example = Config::load(&ctx(Some(example.clone()), &[])).unwrap();
+    let defaults = Config::load(&ctx(None, &[])).unwrap();
+    assert_eq!(from_example.file.as_deref(), Some(example.as_path()));
+    assert_eq!(Config { file: None, ..from_example }, defaults);
 }
