@@ -5,8 +5,16 @@
 //! attributes and capacity, plus what the prepare path needs to hand them to a container
 //! (device nodes, UUIDs). The publisher and the prepare path share this model.
 
+pub mod attributes;
+pub mod host;
+pub mod mock;
+pub mod nvml;
+pub mod report;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use crate::config::{BackendKind, Config};
 
 /// A device attribute value as published in a ResourceSlice.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -85,5 +93,80 @@ impl Inventory {
     /// The device called `name`, if any.
     pub fn device(&self, name: &str) -> Option<&Device> {
         self.devices.iter().find(|d| d.name == name)
+    }
+}
+
+/// Turns the node's hardware into an [`Inventory`].
+pub trait DeviceBackend: Send + Sync {
+    /// Short name for logs and messages (`nvml`, `mock`).
+    fn name(&self) -> &'static str;
+    /// Discovers the devices now. Devices come back sorted by name, validated for publishing.
+    fn discover(&self) -> Result<Inventory, InventoryError>;
+}
+
+/// Why devices could not be discovered.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// `--backend auto` found no usable NVML; edra never falls back to the mock silently.
+    #[error(
+        "--backend auto could not use NVML: {reason}. Install or load the NVIDIA driver, or fix nvml.library / \
+         paths.driver_root (--driver-root) if the driver lives elsewhere; use --backend mock to run without GPUs"
+    )]
+    NoBackend {
+        /// The NVML failure with its causes, on one line.
+        reason: String,
+        /// The NVML failure itself (not a `source`: `reason` already carries its text).
+        cause: Box<InventoryError>,
+    },
+    /// The NVML library could not be opened.
+    #[error(
+        "cannot load the NVML library {library}: is the NVIDIA driver installed? check nvml.library and \
+         paths.driver_root"
+    )]
+    LoadLibrary {
+        /// The file or name tried (the last one when several were tried).
+        library: String,
+        /// The loader's error.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// The library loaded but lacks NVML's entry points.
+    #[error("{library} is not a usable NVML library (a required function is missing); point nvml.library at libnvidia-ml.so.1")]
+    NotNvml {
+        /// The library loaded.
+        library: String,
+        /// The missing symbol.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// An NVML call failed.
+    #[error(
+        "NVML {call} failed for {device}: check that the NVIDIA kernel driver is loaded (nvidia-smi works) and \
+         that nvml.library / paths.driver_root match the installed driver"
+    )]
+    Call {
+        /// The NVML function, e.g. `nvmlDeviceGetUUID`.
+        call: &'static str,
+        /// Which device (or `the system`).
+        device: String,
+        /// NVML's error.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// The `[mock]` configuration describes impossible hardware.
+    #[error("mock configuration: {0}")]
+    Mock(String),
+}
+
+/// The backend `cfg.backend` selects: `nvml`, `mock`, or `auto` (NVML when its library
+/// loads, otherwise [`InventoryError::NoBackend`]; never the mock).
+pub fn backend_from_config(cfg: &Config) -> Result<Box<dyn DeviceBackend>, InventoryError> {
+    match cfg.backend {
+        BackendKind::Mock => Ok(Box::new(mock::MockBackend::new(cfg))),
+        BackendKind::Nvml => Ok(Box::new(nvml::NvmlBackend::load(cfg)?)),
+        BackendKind::Auto => match nvml::NvmlBackend::load(cfg) {
+            Ok(b) => Ok(Box::new(b)),
+            Err(e) => Err(InventoryError::NoBackend { reason: crate::app::error_chain(&e), cause: Box::new(e) }),
+        },
     }
 }
