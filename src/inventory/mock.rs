@@ -151,8 +151,12 @@ pub fn ci_cap_minor(gpu_minor: u32, gi: u32, ci: u32) -> u32 {
 
 /// A UUID-shaped hex text (8-4-4-4-12) derived from `seed` with FNV-1a.
 fn uuid_text(seed: &str) -> String {
+    // FNV-1a, then the splitmix64 finaliser so near-identical seeds give unrelated bits.
     let hash = |basis: u64| {
-        seed.bytes().fold(basis, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+        let mut z = seed.bytes().fold(basis, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     };
     let v = (u128::from(hash(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(hash(0x6c62_272e_07bb_0142));
     let h = format!("{v:032x}");

@@ -108,10 +108,7 @@ pub trait DeviceBackend: Send + Sync {
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
     /// `--backend auto` found no usable NVML; edra never falls back to the mock silently.
-    #[error(
-        "--backend auto could not use NVML: {reason}. Install or load the NVIDIA driver, or fix nvml.library / \
-         paths.driver_root (--driver-root) if the driver lives elsewhere; use --backend mock to run without GPUs"
-    )]
+    #[error("--backend auto found no usable NVML and does not fall back to the mock backend: {reason}")]
     NoBackend {
         /// The NVML failure with its causes, on one line.
         reason: String,
@@ -120,18 +117,20 @@ pub enum InventoryError {
     },
     /// The NVML library could not be opened.
     #[error(
-        "cannot load the NVML library {library}: is the NVIDIA driver installed? check nvml.library and \
-         paths.driver_root"
+        "cannot load the NVML library {library} (is the NVIDIA driver installed? check nvml.library and \
+         paths.driver_root, or use --backend mock to run without GPUs)"
     )]
     LoadLibrary {
         /// The file or name tried (the last one when several were tried).
         library: String,
-        /// The loader's error.
+        /// The dynamic loader's error.
         #[source]
-        source: nvml_wrapper::error::NvmlError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The library loaded but lacks NVML's entry points.
-    #[error("{library} is not a usable NVML library (a required function is missing); point nvml.library at libnvidia-ml.so.1")]
+    #[error(
+        "{library} is not a usable NVML library (a required function is missing); point nvml.library at libnvidia-ml.so.1"
+    )]
     NotNvml {
         /// The library loaded.
         library: String,

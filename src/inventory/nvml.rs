@@ -61,21 +61,21 @@ impl NvmlBackend {
                     tracing::info!(%library, "NVML loaded");
                     return Ok(Self { nvml, library, paths: cfg.paths.clone() });
                 }
-                Err(source @ NvmlError::LibloadingError(_)) => {
-                    tracing::debug!(%library, error = %source, "NVML library not loadable");
-                    last = Some(InventoryError::LoadLibrary { library, source });
+                Err(NvmlError::LibloadingError(e)) => {
+                    tracing::debug!(%library, error = %e, "NVML library not loadable");
+                    last = Some(InventoryError::LoadLibrary { library, source: Box::new(e) });
                 }
                 Err(source @ NvmlError::FailedToLoadSymbol(_)) => {
                     return Err(InventoryError::NotNvml { library, source });
                 }
                 Err(source) => {
-                    return Err(InventoryError::Call { call: "nvmlInit_v2", device: format!("{library}"), source });
+                    return Err(InventoryError::Call { call: "nvmlInit_v2", device: library.clone(), source });
                 }
             }
         }
         Err(last.unwrap_or_else(|| InventoryError::LoadLibrary {
             library: cfg.nvml.library.display().to_string(),
-            source: NvmlError::LibraryNotFound,
+            source: Box::new(NvmlError::LibraryNotFound),
         }))
     }
 
@@ -84,7 +84,12 @@ impl NvmlBackend {
         &self.library
     }
 
-    fn gpu_facts(&self, dev: &nvml_wrapper::Device<'_>, index: u32, inv: &Inventory) -> Result<GpuFacts, InventoryError> {
+    fn gpu_facts(
+        &self,
+        dev: &nvml_wrapper::Device<'_>,
+        index: u32,
+        inv: &Inventory,
+    ) -> Result<GpuFacts, InventoryError> {
         let mut label = format!("GPU {index}");
         let uuid = required("nvmlDeviceGetUUID", &label, dev.uuid())?;
         label = format!("GPU {index} ({uuid})");
@@ -126,13 +131,21 @@ impl NvmlBackend {
                 Ok(m) => m,
                 Err(NvmlError::NotFound) => continue,
                 Err(source) => {
-                    return Err(InventoryError::Call { call: "nvmlDeviceGetMigDeviceHandleByIndex", device: label, source });
+                    return Err(InventoryError::Call {
+                        call: "nvmlDeviceGetMigDeviceHandleByIndex",
+                        device: label,
+                        source,
+                    });
                 }
             };
             let mlabel = format!("MIG device {slot} of {label}");
-            let gi = required("nvmlDeviceGetGpuInstanceId", &mlabel, raw_u32!(self.nvml, nvmlDeviceGetGpuInstanceId, mig))?;
-            let ci =
-                required("nvmlDeviceGetComputeInstanceId", &mlabel, raw_u32!(self.nvml, nvmlDeviceGetComputeInstanceId, mig))?;
+            let gi =
+                required("nvmlDeviceGetGpuInstanceId", &mlabel, raw_u32!(self.nvml, nvmlDeviceGetGpuInstanceId, mig))?;
+            let ci = required(
+                "nvmlDeviceGetComputeInstanceId",
+                &mlabel,
+                raw_u32!(self.nvml, nvmlDeviceGetComputeInstanceId, mig),
+            )?;
             let attrs = required("nvmlDeviceGetAttributes_v2", &mlabel, mig.attributes())?;
             let facts = MigFacts {
                 gi,
@@ -192,7 +205,8 @@ impl DeviceBackend for NvmlBackend {
         };
         let count = required("nvmlDeviceGetCount_v2", system, self.nvml.device_count())?;
         for index in 0..count {
-            let dev = required("nvmlDeviceGetHandleByIndex_v2", &format!("GPU {index}"), self.nvml.device_by_index(index))?;
+            let dev =
+                required("nvmlDeviceGetHandleByIndex_v2", &format!("GPU {index}"), self.nvml.device_by_index(index))?;
             let gpu = self.gpu_facts(&dev, index, &inv)?;
             let migs = self.mig_devices(&dev, &gpu)?;
             if migs.is_empty() {
@@ -206,7 +220,6 @@ impl DeviceBackend for NvmlBackend {
         Ok(inv)
     }
 }
-
 
 fn required<T>(call: &'static str, device: &str, r: Result<T, NvmlError>) -> Result<T, InventoryError> {
     r.map_err(|source| InventoryError::Call { call, device: device.to_string(), source })
@@ -227,8 +240,23 @@ fn optional<T>(call: &'static str, device: &str, r: Result<T, NvmlError>) -> Res
 /// NVML brand values (`nvmlBrandType_t`) by name; `None` for unknown.
 fn brand_name(v: u32) -> Option<&'static str> {
     const NAMES: [&str; 17] = [
-        "", "Quadro", "Tesla", "NVS", "GRID", "GeForce", "Titan", "NvidiaVApps", "NvidiaVPC", "NvidiaVCS",
-        "NvidiaVWS", "NvidiaCloudGaming", "QuadroRTX", "NvidiaRTX", "Nvidia", "GeForceRTX", "TitanRTX",
+        "",
+        "Quadro",
+        "Tesla",
+        "NVS",
+        "GRID",
+        "GeForce",
+        "Titan",
+        "NvidiaVApps",
+        "NvidiaVPC",
+        "NvidiaVCS",
+        "NvidiaVWS",
+        "NvidiaCloudGaming",
+        "QuadroRTX",
+        "NvidiaRTX",
+        "Nvidia",
+        "GeForceRTX",
+        "TitanRTX",
     ];
     NAMES.get(v as usize).copied().filter(|n| !n.is_empty())
 }

@@ -152,7 +152,8 @@ pub fn next_generation(existing_max: Option<i64>, created: usize, changed: usize
 pub fn with_stable_name(mut slice: ResourceSlice) -> ResourceSlice {
     if let Some(prefix) = slice.metadata.generate_name.take() {
         const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-        let mut h = prefix.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let mut h =
+            prefix.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
         let mut name = prefix;
         for _ in 0..5 {
             name.push(char::from(ALPHABET[(h % ALPHABET.len() as u64) as usize]));
@@ -209,10 +210,10 @@ fn api_attribute(v: &AttributeValue) -> DeviceAttribute {
 /// unchanged (`85000000000` comes back as `85G`); writing the canonical text keeps a
 /// read-back slice equal to the desired one.
 pub fn quantity(v: u64) -> String {
-    if v >= 1024 && v % 1024 == 0 {
+    if v >= 1024 && v.is_multiple_of(1024) {
         let mut n = v;
         let mut i = 0;
-        while n % 1024 == 0 && i < 6 {
+        while n.is_multiple_of(1024) && i < 6 {
             n /= 1024;
             i += 1;
         }
@@ -223,7 +224,7 @@ pub fn quantity(v: u64) -> String {
     }
     let mut n = v;
     let mut i = 0;
-    while n % 1000 == 0 && i < 6 {
+    while n.is_multiple_of(1000) && i < 6 {
         n /= 1000;
         i += 1;
     }

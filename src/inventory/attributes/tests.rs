@@ -99,7 +99,14 @@ fn gpu_device_has_every_attribute() {
 
 #[test]
 fn mig_device_replaces_identity() {
-    let m = MigFacts { gi: 2, ci: 0, uuid: "MIG-9".into(), profile: "1g.10gb".into(), memory: 10 << 30, multiprocessors: 14 };
+    let m = MigFacts {
+        gi: 2,
+        ci: 0,
+        uuid: "MIG-9".into(),
+        profile: "1g.10gb".into(),
+        memory: 10 << 30,
+        multiprocessors: 14,
+    };
     let d = mig_device(&facts(), &m, Path::new("/d"), vec![PathBuf::from("/d/nvidia-caps/nvidia-cap30")]);
     assert_eq!(d.name, "gpu-3-mig-2-0");
     assert_eq!(d.uuid, "MIG-9");

@@ -35,8 +35,7 @@ fn sizes(slices: &[ResourceSlice]) -> Vec<usize> {
 
 #[test]
 fn splitting_respects_the_limits() {
-    let cases: [(usize, &[usize]); 5] =
-        [(0, &[0]), (1, &[1]), (128, &[128]), (129, &[128, 1]), (300, &[128, 128, 44])];
+    let cases: [(usize, &[usize]); 5] = [(0, &[0]), (1, &[1]), (128, &[128]), (129, &[128, 1]), (300, &[128, 128, 44])];
     for (n, want) in cases {
         let slices = desired_slices(&inventory(n), &node(), "gpu.edra.dev", 3);
         assert_eq!(sizes(&slices), want, "{n} devices");
@@ -62,7 +61,8 @@ fn splitting_respects_the_limits() {
 #[test]
 fn tainted_devices_halve_the_limit() {
     let mut devices: Vec<ApiDevice> = (0..200).map(|i| api_device(&device(&format!("d{i:03}")))).collect();
-    devices[100].taints = Some(vec![DeviceTaint { key: "k".into(), effect: "NoSchedule".into(), ..Default::default() }]);
+    devices[100].taints =
+        Some(vec![DeviceTaint { key: "k".into(), effect: "NoSchedule".into(), ..Default::default() }]);
     let chunks = split(devices);
     let lens: Vec<usize> = chunks.iter().map(Vec::len).collect();
     // 100 untainted fit in 128, the tainted 101st would make a 64-limit slice overflow.
