@@ -69,7 +69,11 @@ impl NvmlBackend {
                     return Err(InventoryError::NotNvml { library, source });
                 }
                 Err(source) => {
-                    return Err(InventoryError::Call { call: "nvmlInit_v2", device: library.clone(), source });
+                    return Err(InventoryError::Call {
+                        call: "nvmlInit_v2",
+                        device: format!("the library {library}"),
+                        source,
+                    });
                 }
             }
         }
