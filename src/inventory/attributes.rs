@@ -188,9 +188,9 @@ pub fn normalize_version(s: &str) -> Option<String> {
     Some(format!("{}.{}.{}", nums[0], nums[1], nums[2]))
 }
 
-/// NVML's integer CUDA driver version (`12040`) as text (`12.4`).
+/// NVML's integer CUDA driver version (`12040`) as a semantic version (`12.4.0`).
 pub fn cuda_version_text(v: i32) -> String {
-    format!("{}.{}", v / 1000, (v % 1000) / 10)
+    format!("{}.{}.0", v / 1000, (v % 1000) / 10)
 }
 
 /// A PCI bus ID as sysfs spells it: lower case, 4-digit domain (`0000:3b:00.0`).

@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use super::attributes::{GpuFacts, MigFacts, gpu_device, mig_device};
+use super::attributes::{GpuFacts, MigFacts, gpu_device, mig_device, normalize_version};
 use super::{DeviceBackend, Inventory, InventoryError};
 use crate::config::{Config, MockSettings};
 
@@ -80,7 +80,10 @@ impl DeviceBackend for MockBackend {
         Ok(Inventory {
             devices,
             driver_version: Some(self.settings.driver_version.clone()),
-            cuda_driver_version: Some(self.settings.cuda_driver_version.clone()),
+            cuda_driver_version: Some(
+                normalize_version(&self.settings.cuda_driver_version)
+                    .unwrap_or_else(|| self.settings.cuda_driver_version.clone()),
+            ),
         })
     }
 }

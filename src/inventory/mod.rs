@@ -4,6 +4,10 @@
 //! publishes (whole GPUs, or MIG devices in place of a GPU in MIG mode) with their
 //! attributes and capacity, plus what the prepare path needs to hand them to a container
 //! (device nodes, UUIDs). The publisher and the prepare path share this model.
+//!
+//! Backends: [`nvml::NvmlBackend`] (the real hardware) and [`mock::MockBackend`]
+//! (configured fake GPUs), chosen by [`backend_from_config`]; [`attributes`] holds the
+//! attribute vocabulary and limits both share; [`report`] is `edra inventory`.
 
 pub mod attributes;
 pub mod host;
@@ -83,9 +87,10 @@ pub struct Device {
 pub struct Inventory {
     /// Devices, sorted by name.
     pub devices: Vec<Device>,
-    /// The kernel driver version, e.g. `550.54.15`, when known.
+    /// The kernel driver version as the driver spells it (`535.104.05`, the form its file
+    /// names use), when known.
     pub driver_version: Option<String>,
-    /// The CUDA driver version, e.g. `12.4.0`, when known.
+    /// The CUDA driver version as a semantic version, e.g. `12.4.0`, when known.
     pub cuda_driver_version: Option<String>,
 }
 

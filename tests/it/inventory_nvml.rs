@@ -55,7 +55,7 @@ fn enumerates_gpus_with_attributes_and_capacity() {
     assert_eq!(backend.name(), "nvml");
     let inv = backend.discover().expect("discover");
     assert_eq!(inv.driver_version.as_deref(), Some("535.104.05"));
-    assert_eq!(inv.cuda_driver_version.as_deref(), Some("12.2"));
+    assert_eq!(inv.cuda_driver_version.as_deref(), Some("12.2.0"));
     let names: Vec<&str> = inv.devices.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["gpu-1", "gpu-3"], "named by minor, sorted");
 

@@ -18,8 +18,8 @@ fn versions_become_semver() {
     for (input, want) in cases {
         assert_eq!(normalize_version(input).as_deref(), want, "{input:?}");
     }
-    assert_eq!(cuda_version_text(12040), "12.4");
-    assert_eq!(cuda_version_text(11080), "11.8");
+    assert_eq!(cuda_version_text(12040), "12.4.0");
+    assert_eq!(cuda_version_text(11080), "11.8.0");
 }
 
 #[test]
