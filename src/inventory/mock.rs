@@ -199,6 +199,15 @@ mod tests {
     }
 
     #[test]
+    fn backend_from_config_picks_the_mock() {
+        let mut cfg = config("n1");
+        cfg.backend = crate::config::BackendKind::Mock;
+        let backend = crate::inventory::backend_from_config(&cfg).expect("mock needs nothing");
+        assert_eq!(backend.name(), "mock");
+        assert_eq!(backend.discover().expect("discover").devices.len(), 2);
+    }
+
+    #[test]
     fn uuids_are_stable_per_node() {
         let a = MockBackend::new(&config("n1")).discover().expect("discover");
         let b = MockBackend::new(&config("n1")).discover().expect("discover");

@@ -126,7 +126,7 @@ pub enum InventoryError {
          paths.driver_root, or use --backend mock to run without GPUs)"
     )]
     LoadLibrary {
-        /// The file or name tried (the last one when several were tried).
+        /// The file or name tried (the first one when several were tried).
         library: String,
         /// The dynamic loader's error.
         #[source]

@@ -53,7 +53,7 @@ impl NvmlBackend {
     /// Loads and initialises NVML as `cfg.nvml.library` and `cfg.paths.driver_root` say.
     pub fn load(cfg: &Config) -> Result<Self, InventoryError> {
         let candidates = host::library_candidates(&cfg.nvml.library, &cfg.paths.driver_root);
-        let mut last = None;
+        let mut first = None;
         for candidate in candidates {
             let library = candidate.display().to_string();
             match Nvml::builder().lib_path(candidate.as_os_str()).init() {
@@ -63,7 +63,9 @@ impl NvmlBackend {
                 }
                 Err(NvmlError::LibloadingError(e)) => {
                     tracing::debug!(%library, error = %e, "NVML library not loadable");
-                    last = Some(InventoryError::LoadLibrary { library, source: Box::new(e) });
+                    // Keep the first failure: an explicit file under the driver root says more
+                    // than the loader's search that follows it.
+                    first.get_or_insert(InventoryError::LoadLibrary { library, source: Box::new(e) });
                 }
                 Err(source @ NvmlError::FailedToLoadSymbol(_)) => {
                     return Err(InventoryError::NotNvml { library, source });
@@ -77,7 +79,7 @@ impl NvmlBackend {
                 }
             }
         }
-        Err(last.unwrap_or_else(|| InventoryError::LoadLibrary {
+        Err(first.unwrap_or_else(|| InventoryError::LoadLibrary {
             library: cfg.nvml.library.display().to_string(),
             source: Box::new(NvmlError::LibraryNotFound),
         }))

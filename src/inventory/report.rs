@@ -4,7 +4,9 @@
 //! JSON and YAML print a `v1` `List` of `resource.k8s.io/v1` ResourceSlices that
 //! `kubectl apply -f -` accepts: each slice has a fixed `metadata.name` (its generateName
 //! plus a stable suffix, see [`with_stable_name`]) instead of `generateName`, and no owner
-//! reference (the Node's UID is not known offline). The table lists one device per line.
+//! reference (the Node's UID is not known offline). Their pool generation is 1: the
+//! generation the agent would use depends on what the cluster already has. The table
+//! lists one device per line.
 
 use std::fmt::Write as _;
 use std::io::Write;
