@@ -2,9 +2,8 @@
 //! logging, then hand over to the library. Exit codes: 0 success, 1 runtime failure,
 //! 64 invalid configuration or usage (EX_USAGE).
 
-use std::process::ExitCode;
-
 use std::io::IsTerminal;
+use std::process::ExitCode;
 
 use clap::Parser;
 use edra::cli::{Cli, Command, OutputArg};
