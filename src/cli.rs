@@ -54,6 +54,8 @@ pub enum LogFormatArg {
 pub enum Command {
     /// Run the agent: discover GPUs, publish them, serve the kubelet.
     Run(RunArgs),
+    /// Show the devices found and the ResourceSlices edra would publish (no cluster needed).
+    Inventory(InventoryArgs),
     /// Print the version and build details.
     Version,
 }
@@ -87,6 +89,28 @@ pub struct RunArgs {
     /// Context to use from the kubeconfig.
     #[arg(long, value_name = "NAME")]
     pub context: Option<String>,
+}
+
+/// Options of `edra inventory`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct InventoryArgs {
+    /// Node and device selection.
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Output format [default: table on a terminal, json otherwise].
+    #[arg(long, short = 'o', value_enum, value_name = "FORMAT")]
+    pub output: Option<OutputArg>,
+}
+
+/// `--output` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputArg {
+    /// A List of ResourceSlices for `kubectl apply -f -`.
+    Json,
+    /// The same as YAML.
+    Yaml,
+    /// One line per device.
+    Table,
 }
 
 /// `--backend` values.
@@ -165,8 +189,10 @@ impl Cli {
     pub fn load_context(&self) -> Result<LoadContext, Vec<String>> {
         let mut overrides = Overrides::default();
         self.global.overrides(&mut overrides)?;
-        if let Command::Run(args) = &self.command {
-            args.overrides(&mut overrides);
+        match &self.command {
+            Command::Run(args) => args.overrides(&mut overrides),
+            Command::Inventory(args) => args.node.overrides(&mut overrides),
+            Command::Version => {}
         }
         Ok(LoadContext::from_process(self.global.config.clone(), overrides))
     }

@@ -2,10 +2,11 @@
 //! logging, then hand over to the library. Exit codes: 0 success, 1 runtime failure,
 //! 64 invalid configuration or usage (EX_USAGE).
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use edra::cli::{Cli, Command};
+use edra::cli::{Cli, Command, OutputArg};
 use edra::config::Config;
 
 /// EX_USAGE from sysexits.h: the configuration or command line is wrong.
@@ -30,11 +31,32 @@ fn main() -> ExitCode {
     edra::telemetry::init(config.log_format, &config.log_level);
     let result = match cli.command {
         Command::Run(_) => edra::app::run_blocking(config),
+        Command::Inventory(args) => return inventory(&config, args.output),
         Command::Version => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(edra::app::AppError::Config(msg)) => config_failure(vec![msg]),
+        Err(e) => {
+            eprintln!("edra: {}", edra::app::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `edra inventory`: table on a terminal, JSON otherwise.
+fn inventory(config: &Config, output: Option<OutputArg>) -> ExitCode {
+    use edra::inventory::report::{Format, run};
+    let stdout = std::io::stdout();
+    let format = match output {
+        Some(OutputArg::Json) => Format::Json,
+        Some(OutputArg::Yaml) => Format::Yaml,
+        Some(OutputArg::Table) => Format::Table,
+        None if stdout.is_terminal() => Format::Table,
+        None => Format::Json,
+    };
+    match run(config, format, &mut stdout.lock()) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("edra: {}", edra::app::error_chain(&e));
             ExitCode::FAILURE

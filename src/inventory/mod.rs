@@ -4,9 +4,21 @@
 //! publishes (whole GPUs, or MIG devices in place of a GPU in MIG mode) with their
 //! attributes and capacity, plus what the prepare path needs to hand them to a container
 //! (device nodes, UUIDs). The publisher and the prepare path share this model.
+//!
+//! Backends: [`nvml::NvmlBackend`] (the real hardware) and [`mock::MockBackend`]
+//! (configured fake GPUs), chosen by [`backend_from_config`]; [`attributes`] holds the
+//! attribute vocabulary and limits both share; [`report`] is `edra inventory`.
+
+pub mod attributes;
+pub mod host;
+pub mod mock;
+pub mod nvml;
+pub mod report;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use crate::config::{BackendKind, Config};
 
 /// A device attribute value as published in a ResourceSlice.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -75,9 +87,10 @@ pub struct Device {
 pub struct Inventory {
     /// Devices, sorted by name.
     pub devices: Vec<Device>,
-    /// The kernel driver version, e.g. `550.54.15`, when known.
+    /// The kernel driver version as the driver spells it (`535.104.05`, the form its file
+    /// names use), when known.
     pub driver_version: Option<String>,
-    /// The CUDA driver version, e.g. `12.4.0`, when known.
+    /// The CUDA driver version as a semantic version, e.g. `12.4.0`, when known.
     pub cuda_driver_version: Option<String>,
 }
 
@@ -85,5 +98,79 @@ impl Inventory {
     /// The device called `name`, if any.
     pub fn device(&self, name: &str) -> Option<&Device> {
         self.devices.iter().find(|d| d.name == name)
+    }
+}
+
+/// Turns the node's hardware into an [`Inventory`].
+pub trait DeviceBackend: Send + Sync {
+    /// Short name for logs and messages (`nvml`, `mock`).
+    fn name(&self) -> &'static str;
+    /// Discovers the devices now. Devices come back sorted by name, validated for publishing.
+    fn discover(&self) -> Result<Inventory, InventoryError>;
+}
+
+/// Why devices could not be discovered.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// `--backend auto` found no usable NVML; edra never falls back to the mock silently.
+    #[error("--backend auto found no usable NVML and does not fall back to the mock backend: {reason}")]
+    NoBackend {
+        /// The NVML failure with its causes, on one line.
+        reason: String,
+        /// The NVML failure itself (not a `source`: `reason` already carries its text).
+        cause: Box<InventoryError>,
+    },
+    /// The NVML library could not be opened.
+    #[error(
+        "cannot load the NVML library {library} (is the NVIDIA driver installed? check nvml.library and \
+         paths.driver_root, or use --backend mock to run without GPUs)"
+    )]
+    LoadLibrary {
+        /// The file or name tried (the first one when several were tried).
+        library: String,
+        /// The dynamic loader's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The library loaded but lacks NVML's entry points.
+    #[error(
+        "{library} is not a usable NVML library (a required function is missing); point nvml.library at libnvidia-ml.so.1"
+    )]
+    NotNvml {
+        /// The library loaded.
+        library: String,
+        /// The missing symbol.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// An NVML call failed.
+    #[error(
+        "NVML {call} failed for {device}: check that the NVIDIA kernel driver is loaded (nvidia-smi works) and \
+         that nvml.library / paths.driver_root match the installed driver"
+    )]
+    Call {
+        /// The NVML function, e.g. `nvmlDeviceGetUUID`.
+        call: &'static str,
+        /// Which device (or `the system`).
+        device: String,
+        /// NVML's error.
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    /// The `[mock]` configuration describes impossible hardware.
+    #[error("mock configuration: {0}")]
+    Mock(String),
+}
+
+/// The backend `cfg.backend` selects: `nvml`, `mock`, or `auto` (NVML when its library
+/// loads, otherwise [`InventoryError::NoBackend`]; never the mock).
+pub fn backend_from_config(cfg: &Config) -> Result<Box<dyn DeviceBackend>, InventoryError> {
+    match cfg.backend {
+        BackendKind::Mock => Ok(Box::new(mock::MockBackend::new(cfg))),
+        BackendKind::Nvml => Ok(Box::new(nvml::NvmlBackend::load(cfg)?)),
+        BackendKind::Auto => match nvml::NvmlBackend::load(cfg) {
+            Ok(b) => Ok(Box::new(b)),
+            Err(e) => Err(InventoryError::NoBackend { reason: crate::app::error_chain(&e), cause: Box::new(e) }),
+        },
     }
 }

@@ -1,0 +1,259 @@
+//! The mock backend: GPUs described in the `[mock]` configuration section, for running
+//! edra without hardware (demos, tests, CI).
+//!
+//! Everything is deterministic: UUIDs are derived from the node name and the GPU (and MIG
+//! instance), PCI bus IDs are `0000:<10 + index>:00.0`, minors equal indexes. Device
+//! nodes are the paths a real node would have under `paths.dev_root`; creating them is
+//! not this backend's job. MIG profiles (`mock.mig`) replace their parent GPU; their
+//! memory and multiprocessors are derived from the profile name. MIG capability device
+//! minors follow the NVIDIA driver's numbering (`/proc/driver/nvidia-caps/mig-minors`).
+
+use std::path::PathBuf;
+
+use super::attributes::{GpuFacts, MigFacts, gpu_device, mig_device, normalize_version};
+use super::{DeviceBackend, Inventory, InventoryError};
+use crate::config::{Config, MockSettings};
+
+/// MIG slices (GPU instance granularity) of a whole GPU.
+const MIG_SLICES: u32 = 7;
+
+/// GPUs from configuration.
+#[derive(Debug, Clone)]
+pub struct MockBackend {
+    node: String,
+    settings: MockSettings,
+    dev_root: PathBuf,
+}
+
+impl MockBackend {
+    /// A backend serving `cfg.mock` for node `cfg.node_name`.
+    pub fn new(cfg: &Config) -> Self {
+        Self { node: cfg.node_name.clone(), settings: cfg.mock.clone(), dev_root: cfg.paths.dev_root.clone() }
+    }
+
+    fn gpu_facts(&self, index: u32) -> GpuFacts {
+        let s = &self.settings;
+        GpuFacts {
+            index,
+            minor: index,
+            uuid: format!("GPU-{}", uuid_text(&format!("{}/gpu/{index}", self.node))),
+            product_name: s.product_name.clone(),
+            brand: Some("Nvidia".into()),
+            architecture: Some(s.architecture.clone()),
+            cuda_compute_capability: Some(s.cuda_compute_capability.clone()),
+            driver_version: Some(s.driver_version.clone()),
+            cuda_driver_version: Some(s.cuda_driver_version.clone()),
+            pci_bus_id: Some(format!("0000:{:02x}:00.0", 0x10 + index)),
+            pcie_root: Some("pci0000:00".into()),
+            numa_node: None,
+            memory: s.memory,
+            multiprocessors: Some(s.multiprocessors),
+        }
+    }
+}
+
+impl DeviceBackend for MockBackend {
+    fn name(&self) -> &'static str {
+        "mock"
+    }
+
+    fn discover(&self) -> Result<Inventory, InventoryError> {
+        let mut devices = Vec::new();
+        for index in 0..self.settings.gpus {
+            let gpu = self.gpu_facts(index);
+            match self.settings.mig.iter().find(|m| m.gpu == index) {
+                None => devices.push(gpu_device(&gpu, &self.dev_root)),
+                Some(layout) => {
+                    let migs = mig_layout(&gpu, &layout.profiles, &self.node)?;
+                    for m in migs {
+                        let caps = vec![
+                            self.dev_root.join(format!("nvidia-caps/nvidia-cap{}", gi_cap_minor(gpu.minor, m.gi))),
+                            self.dev_root
+                                .join(format!("nvidia-caps/nvidia-cap{}", ci_cap_minor(gpu.minor, m.gi, m.ci))),
+                        ];
+                        devices.push(mig_device(&gpu, &m, &self.dev_root, caps));
+                    }
+                }
+            }
+        }
+        devices.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Inventory {
+            devices,
+            driver_version: Some(self.settings.driver_version.clone()),
+            cuda_driver_version: Some(
+                normalize_version(&self.settings.cuda_driver_version)
+                    .unwrap_or_else(|| self.settings.cuda_driver_version.clone()),
+            ),
+        })
+    }
+}
+
+/// A profile name's parts: `1g.10gb` → (GPU slices 1, compute slices 1, 10 GB);
+/// `1c.3g.40gb` → (3, 1, 40).
+pub fn parse_profile(profile: &str) -> Option<(u32, u32, u64)> {
+    let num = |s: &str, suffix: &str| s.strip_suffix(suffix).and_then(|n| n.parse::<u64>().ok());
+    let parts: Vec<&str> = profile.split('.').collect();
+    let (c, g, mem) = match parts.as_slice() {
+        [g, mem] => (None, num(g, "g")?, num(mem, "gb")?),
+        [c, g, mem] => (Some(num(c, "c")?), num(g, "g")?, num(mem, "gb")?),
+        _ => return None,
+    };
+    let g = u32::try_from(g).ok()?;
+    let c = match c {
+        Some(c) => u32::try_from(c).ok()?,
+        None => g,
+    };
+    (g > 0 && c > 0 && c <= g).then_some((g, c, mem))
+}
+
+/// The MIG devices a layout creates on `gpu`: GPU instance IDs 1, 2, ... in order, compute
+/// instance 0 each; memory is the profile's GiB, multiprocessors the compute slices' share
+/// of the parent's (a whole GPU has seven slices).
+fn mig_layout(gpu: &GpuFacts, profiles: &[String], node: &str) -> Result<Vec<MigFacts>, InventoryError> {
+    let mut slices = 0;
+    let mut memory = 0u64;
+    let mut out = Vec::new();
+    for (i, profile) in profiles.iter().enumerate() {
+        let (g, c, gb) = parse_profile(profile).ok_or_else(|| {
+            InventoryError::Mock(format!("GPU {}: {profile:?} is not a MIG profile such as \"1g.10gb\"", gpu.index))
+        })?;
+        slices += g;
+        memory = memory.saturating_add(gb << 30);
+        if slices > MIG_SLICES || memory > gpu.memory {
+            return Err(InventoryError::Mock(format!(
+                "GPU {}: MIG profiles {profiles:?} need more than the GPU has ({MIG_SLICES} slices, {} GiB); \
+                 remove profiles from mock.mig",
+                gpu.index,
+                gpu.memory >> 30
+            )));
+        }
+        let gi = i as u32 + 1;
+        out.push(MigFacts {
+            gi,
+            ci: 0,
+            uuid: format!("MIG-{}", uuid_text(&format!("{node}/gpu/{}/gi/{gi}/ci/0", gpu.index))),
+            profile: profile.clone(),
+            memory: gb << 30,
+            multiprocessors: c * (gpu.multiprocessors.unwrap_or(0) / MIG_SLICES),
+        });
+    }
+    Ok(out)
+}
+
+/// Device minor of `nvidia-caps/nvidia-cap<N>` for `gpu<minor>/gi<gi>/access`, as the NVIDIA
+/// driver numbers them: 1 and 2 are config and monitor, then per GPU 15 instances of 9
+/// (the instance's access file and its 8 compute instances).
+pub fn gi_cap_minor(gpu_minor: u32, gi: u32) -> u32 {
+    3 + gpu_minor * 15 * 9 + gi * 9
+}
+
+/// Device minor for `gpu<minor>/gi<gi>/ci<ci>/access`.
+pub fn ci_cap_minor(gpu_minor: u32, gi: u32, ci: u32) -> u32 {
+    gi_cap_minor(gpu_minor, gi) + 1 + ci
+}
+
+/// A UUID-shaped hex text (8-4-4-4-12) derived from `seed` with FNV-1a.
+fn uuid_text(seed: &str) -> String {
+    // FNV-1a, then the splitmix64 finaliser so near-identical seeds give unrelated bits.
+    let hash = |basis: u64| {
+        let mut z = seed.bytes().fold(basis, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let v = (u128::from(hash(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(hash(0x6c62_272e_07bb_0142));
+    let h = format!("{v:032x}");
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LoadContext, MockMig, Overrides};
+    use crate::inventory::{AttributeValue, DeviceKind};
+
+    fn config(node: &str) -> Config {
+        let ctx = LoadContext {
+            explicit_file: None,
+            default_file: "/nonexistent/edra.toml".into(),
+            env: vec![],
+            overrides: Overrides::default(),
+            hostname: Some(node.into()),
+        };
+        let mut cfg = Config::load(&ctx).expect("defaults are valid");
+        cfg.paths.dev_root = "/tdev".into();
+        cfg
+    }
+
+    #[test]
+    fn defaults_give_two_80gib_gpus() {
+        let inv = MockBackend::new(&config("n1")).discover().expect("discover");
+        assert_eq!(inv.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["gpu-0", "gpu-1"]);
+        for d in &inv.devices {
+            assert_eq!(d.capacity["memory"], 80 << 30);
+            assert!(d.uuid.starts_with("GPU-") && d.uuid.len() == 40, "{}", d.uuid);
+            assert_eq!(d.device_nodes, vec![PathBuf::from(format!("/tdev/nvidia{}", d.minor))]);
+            assert_eq!(d.attributes["productName"], AttributeValue::String("NVIDIA A100-SXM4-80GB".into()));
+        }
+        assert_ne!(inv.devices[0].uuid, inv.devices[1].uuid);
+    }
+
+    #[test]
+    fn backend_from_config_picks_the_mock() {
+        let mut cfg = config("n1");
+        cfg.backend = crate::config::BackendKind::Mock;
+        let backend = crate::inventory::backend_from_config(&cfg).expect("mock needs nothing");
+        assert_eq!(backend.name(), "mock");
+        assert_eq!(backend.discover().expect("discover").devices.len(), 2);
+    }
+
+    #[test]
+    fn uuids_are_stable_per_node() {
+        let a = MockBackend::new(&config("n1")).discover().expect("discover");
+        let b = MockBackend::new(&config("n1")).discover().expect("discover");
+        let c = MockBackend::new(&config("n2")).discover().expect("discover");
+        assert_eq!(a, b);
+        assert_ne!(a.devices[0].uuid, c.devices[0].uuid);
+    }
+
+    #[test]
+    fn mig_layout_replaces_the_parent() {
+        let mut cfg = config("n1");
+        cfg.mock.mig = vec![MockMig { gpu: 1, profiles: vec!["3g.40gb".into(), "1c.3g.40gb".into()] }];
+        let inv = MockBackend::new(&cfg).discover().expect("discover");
+        let names: Vec<&str> = inv.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1-mig-1-0", "gpu-1-mig-2-0"]);
+        let m = &inv.devices[2];
+        assert!(m.uuid.starts_with("MIG-"));
+        assert_eq!(m.capacity["memory"], 40 << 30);
+        assert_eq!(m.capacity["multiprocessors"], 15);
+        assert!(matches!(&m.kind, DeviceKind::Mig(i)
+            if i.profile == "1c.3g.40gb" && i.parent_minor == 1 && i.gi == 2 && i.parent_uuid.starts_with("GPU-")));
+        assert_eq!(
+            m.device_nodes,
+            vec![
+                PathBuf::from("/tdev/nvidia1"),
+                PathBuf::from("/tdev/nvidia-caps/nvidia-cap156"),
+                PathBuf::from("/tdev/nvidia-caps/nvidia-cap157"),
+            ]
+        );
+    }
+
+    #[test]
+    fn impossible_layouts_are_refused() {
+        let mut cfg = config("n1");
+        cfg.mock.mig = vec![MockMig { gpu: 0, profiles: vec!["4g.40gb".into(), "4g.40gb".into()] }];
+        let err = MockBackend::new(&cfg).discover().expect_err("8 slices");
+        assert!(err.to_string().contains("mock.mig"), "{err}");
+    }
+
+    #[test]
+    fn profiles_parse() {
+        assert_eq!(parse_profile("1g.10gb"), Some((1, 1, 10)));
+        assert_eq!(parse_profile("1c.3g.40gb"), Some((3, 1, 40)));
+        assert_eq!(parse_profile("4c.3g.40gb"), None);
+        assert_eq!(parse_profile("3g"), None);
+        assert_eq!(gi_cap_minor(0, 0), 3);
+        assert_eq!(ci_cap_minor(0, 1, 0), 13);
+    }
+}

@@ -1,0 +1,96 @@
+//! The NVML stand-in library (`nvml_stub.c`), compiled once per test process with the
+//! system C compiler and copied per test into its own directory next to the
+//! `nvml_stub.conf` that describes the fake machine, so tests run concurrently.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The stub's source.
+const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/support/nvml_stub.c");
+
+/// A copy of the stand-in library with its own configuration.
+pub struct StubNvml {
+    /// Holds the library and its configuration; removed on drop.
+    pub dir: tempfile::TempDir,
+    /// `<dir>/libnvidia-ml.so.1`.
+    pub library: PathBuf,
+}
+
+impl StubNvml {
+    /// A stand-in whose `nvml_stub.conf` holds `config` (see the format in nvml_stub.c).
+    pub fn new(config: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for the NVML stand-in");
+        let library = dir.path().join("libnvidia-ml.so.1");
+        std::fs::copy(compiled(), &library).expect("copy the NVML stand-in");
+        std::fs::write(dir.path().join("nvml_stub.conf"), config).expect("write nvml_stub.conf");
+        Self { dir, library }
+    }
+
+    /// A stand-in without `nvml_stub.conf`: nvmlInit_v2 fails with "driver not loaded".
+    pub fn without_config() -> Self {
+        let s = Self::new("");
+        std::fs::remove_file(s.dir.path().join("nvml_stub.conf")).expect("remove nvml_stub.conf");
+        s
+    }
+}
+
+/// A shared library with no NVML symbols at all, in `dir`.
+pub fn empty_library(dir: &Path) -> PathBuf {
+    let src = dir.join("empty.c");
+    std::fs::write(&src, "int edra_not_nvml(void) { return 0; }\n").expect("write empty.c");
+    let out = dir.join("libempty.so");
+    compile(&src, &out).unwrap_or_else(|e| panic!("{e}"));
+    out
+}
+
+/// The stand-in compiled for this process (once), under the cargo target tmp dir.
+pub fn compiled() -> &'static Path {
+    static LIB: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let lib = LIB.get_or_init(|| {
+        // Compiled under a per-process name, then renamed into place: concurrent test
+        // processes never see a half-written file, and nothing accumulates.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nvml-stub");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let tmp = dir.join(format!("libnvidia-ml.so.1.{}", std::process::id()));
+        let out = dir.join("libnvidia-ml.so.1");
+        compile(Path::new(SOURCE), &tmp)?;
+        std::fs::rename(&tmp, &out).map_err(|e| format!("rename {}: {e}", tmp.display()))?;
+        Ok(out)
+    });
+    match lib {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn compile(src: &Path, out: &Path) -> Result<(), String> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let output = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
+        .arg(out)
+        .arg(src)
+        .arg("-ldl")
+        .output()
+        .map_err(|e| {
+            format!("the NVML stand-in needs a C compiler: running {cc:?} failed ({e}); install gcc or set CC")
+        })?;
+    if !output.status.success() {
+        return Err(format!(
+            "compiling {} with {cc} failed:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// One GPU line of `nvml_stub.conf` for an A100 80GB at enumeration `index`.
+pub fn a100(index: u32, minor: u32, bus: &str, mig: bool) -> String {
+    format!(
+        "gpu;uuid=GPU-00000000-0000-0000-0000-00000000000{index};name=NVIDIA A100-SXM4-80GB;brand=2;arch=7;\
+         minor={minor};index={index};bus={bus};mem={};sms=108;cc=8.0;mig={}\n",
+        81920u64 << 20,
+        u8::from(mig)
+    )
+}
