@@ -83,14 +83,14 @@ pub fn client_config(creds: &Credentials) -> Result<rustls::ClientConfig, Error>
             .map_err(|e| Error::TlsConfig { problem: e.to_string() })?;
         builder.with_webpki_verifier(verifier)
     };
-    let mut config = match &creds.auth {
+    // ALPN (h2, then http/1.1) is set by the connector builder (`enable_all_versions`).
+    let config = match &creds.auth {
         Auth::ClientCert { cert, key } => {
             let resolver = ReloadingCert::new(cert.clone(), key.clone(), provider)?;
             builder.with_client_cert_resolver(Arc::new(resolver))
         }
         _ => builder.with_no_client_auth(),
     };
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
 
