@@ -358,7 +358,8 @@ fn status_bodies_decode_into_typed_errors() {
     assert_eq!(e.api().unwrap().causes, vec!["spec.devices[0].name: Invalid value".to_string()]);
     let e = Error::from_status("GET /x".into(), 429, br#"{"kind":"Status","details":{"retryAfterSeconds":3}}"#, None);
     assert_eq!(e.api().unwrap().retry_after, Some(3));
-    let cases: [(u16, fn(&Error) -> bool); 5] = [
+    type Pred = fn(&Error) -> bool;
+    let cases: [(u16, Pred); 5] = [
         (404, Error::is_not_found),
         (409, Error::is_conflict),
         (410, Error::is_gone),
