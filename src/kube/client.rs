@@ -6,7 +6,7 @@
 //! Retry policy. Attempts are bounded (`max_attempts`, default 5) and so is the total time
 //! (`retry_budget`, default 60 s). Never retried: any 4xx other than 429. Always retried:
 //! 429 (after `Retry-After` when given), 503 with `Retry-After`, and connect failures (the
-//! request never left). Reads (GET) and preconditioned writes (PUT carries the object's
+//! request never left; except TLS verification failures, which retrying cannot fix). Reads (GET) and preconditioned writes (PUT carries the object's
 //! resourceVersion, DELETE carries uid + resourceVersion preconditions: a replay after an
 //! unseen success yields 409/404, never a double write) are also retried on other 5xx,
 //! timeouts and broken connections. POST (create, possibly with generateName) is NOT retried
@@ -179,6 +179,8 @@ enum Failure {
     Connect(Error),
     /// The request may have reached the server (broken connection, timeout).
     Ambiguous(Error),
+    /// The request could not be built (e.g. the token file is unreadable): not retried.
+    Fatal(Error),
 }
 
 impl Client {
@@ -291,7 +293,7 @@ impl Client {
     /// Send once; returns the response with its headers (body not read).
     async fn send(&self, req: &Request<Bytes>) -> Result<Response<Incoming>, Failure> {
         let op = operation(req);
-        let full = self.prepare(req).map_err(Failure::Connect)?;
+        let full = self.prepare(req).map_err(Failure::Fatal)?;
         self.inner.limiter.acquire().await;
         self.inner.stats.sent.fetch_add(req.body().len() as u64, Ordering::Relaxed);
         let timeout = self.inner.settings.request_timeout;
@@ -367,9 +369,11 @@ impl Client {
                     let d = ra.map(Duration::from_secs).unwrap_or_else(|| backoff.next_delay());
                     (err, d)
                 }
+                // A certificate the client does not trust will not become trusted on retry.
+                Failure::Connect(err) if err.is_tls() => return Err(err),
                 Failure::Connect(err) => (err, backoff.next_delay()),
                 Failure::Ambiguous(err) if !post => (err, backoff.next_delay()),
-                Failure::Ambiguous(err) => return Err(err),
+                Failure::Ambiguous(err) | Failure::Fatal(err) => return Err(err),
             };
             if attempt >= s.max_attempts || tokio::time::Instant::now() + delay > deadline {
                 return Err(err);
@@ -385,7 +389,9 @@ impl Client {
         let op = operation(&req);
         let resp = match self.send(&req).await {
             Ok(r) => r,
-            Err(Failure::Status(e, _) | Failure::Connect(e) | Failure::Ambiguous(e)) => return Err(e),
+            Err(Failure::Status(e, _) | Failure::Connect(e) | Failure::Ambiguous(e) | Failure::Fatal(e)) => {
+                return Err(e);
+            }
         };
         let status = resp.status();
         if status.is_success() {

@@ -248,3 +248,59 @@ async fn claims_are_fetched_and_converted() {
     assert_eq!(exactly.device_class_name, "gpu.edra.dev");
     assert_eq!(srv.requests()[0].path, "/apis/resource.k8s.io/v1beta1/namespaces/ns/resourceclaims/c");
 }
+
+#[tokio::test]
+async fn tls_failures_are_not_retried_but_connect_failures_are() {
+    let pki = Pki::new("real-ca");
+    let srv = TestServer::start(&pki, script(vec![])).await;
+    let client = Client::new(srv.token_credentials(&Pki::new("other"), "t"), fast()).unwrap();
+    assert!(client.get_node("n").await.unwrap_err().is_tls());
+    assert_eq!(client.stats().count("GET", 0), 1, "an untrusted server is not retried");
+
+    let creds = srv.token_credentials(&pki, "t");
+    srv.stop().await;
+    let client = Client::new(creds, fast()).unwrap();
+    let e = client.get_node("n").await.unwrap_err();
+    assert!(matches!(e, Error::Transport { .. }), "{e:?}");
+    assert_eq!(client.stats().count("GET", 0), 5, "connection refused is retried up to max_attempts");
+}
+
+#[tokio::test]
+async fn insecure_skip_verify_and_tls_server_name() {
+    let pki = Pki::new("real-ca");
+    let srv = TestServer::start(&pki, Arc::new(|_: &Seen| Reply::json(200, json!({"gitVersion": "v1"})))).await;
+    let mut creds = srv.token_credentials(&Pki::new("other"), "t");
+    creds.insecure_skip_tls_verify = true;
+    Client::new(creds, fast()).unwrap().server_version().await.expect("verification explicitly skipped");
+
+    let mut creds = srv.token_credentials(&pki, "t");
+    creds.tls_server_name = Some("localhost".into());
+    Client::new(creds.clone(), fast()).unwrap().server_version().await.expect("the certificate names localhost");
+    creds.tls_server_name = Some("elsewhere.example".into());
+    let e = Client::new(creds, fast()).unwrap().server_version().await.unwrap_err();
+    assert!(e.is_tls(), "{e:?}");
+}
+
+#[tokio::test]
+async fn token_file_is_reread_when_it_rotates() {
+    let pki = Pki::new("ca");
+    let srv = TestServer::start(&pki, Arc::new(|_: &Seen| Reply::json(200, json!({"gitVersion": "v1"})))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "first-token\n").unwrap();
+    let mut creds = srv.token_credentials(&pki, "unused");
+    creds.auth = Auth::TokenFile(token.clone());
+    let client = Client::new(creds, fast()).unwrap();
+    client.server_version().await.unwrap();
+    client.server_version().await.unwrap();
+    std::fs::write(&token, "second-token\n").unwrap();
+    let later = std::time::SystemTime::now() + Duration::from_secs(5);
+    std::fs::File::options().write(true).open(&token).unwrap().set_modified(later).unwrap();
+    client.server_version().await.unwrap();
+    let auth: Vec<_> =
+        srv.requests().iter().map(|r| r.headers["authorization"].to_str().unwrap().to_string()).collect();
+    assert_eq!(auth, ["Bearer first-token", "Bearer first-token", "Bearer second-token"]);
+    std::fs::remove_file(&token).unwrap();
+    let e = client.server_version().await.unwrap_err();
+    assert!(matches!(e, Error::CredentialFile { .. }) && e.to_string().contains("token"), "{e}");
+}
