@@ -103,6 +103,8 @@ pub type Handler = Arc<dyn Fn(&Seen) -> Reply + Send + Sync>;
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// TLS connections accepted so far.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
     pub seen: Arc<Mutex<Vec<Seen>>>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -114,6 +116,11 @@ impl TestServer {
     }
 
     pub async fn start_on(pki: &Pki, addr: SocketAddr, handler: Handler) -> TestServer {
+        Self::start_with_alpn(pki, addr, handler, &[b"h2", b"http/1.1"]).await
+    }
+
+    /// A server that offers only these ALPN protocols.
+    pub async fn start_with_alpn(pki: &Pki, addr: SocketAddr, handler: Handler, alpn: &[&[u8]]) -> TestServer {
         let (cert, key) = pki.leaf(&["localhost", "127.0.0.1"], "kube-apiserver");
         let provider = super::tls::provider();
         let mut roots = rustls::RootCertStore::empty();
@@ -131,13 +138,15 @@ impl TestServer {
                 PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
             )
             .unwrap();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (stop, mut stopped) = oneshot::channel();
         let seen2 = seen.clone();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let conn_count = connections.clone();
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             loop {
@@ -145,6 +154,7 @@ impl TestServer {
                     _ = &mut stopped => break,
                     acc = listener.accept() => {
                         let Ok((tcp, _)) = acc else { continue };
+                        conn_count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         let (acceptor, handler, seen) = (acceptor.clone(), handler.clone(), seen2.clone());
                         conns.spawn(async move {
                             let Ok(tls) = acceptor.accept(tcp).await else { return };
@@ -162,7 +172,7 @@ impl TestServer {
             }
             conns.abort_all();
         });
-        TestServer { addr, seen, stop: Some(stop), task }
+        TestServer { addr, connections, seen, stop: Some(stop), task }
     }
 
     /// Stop accepting and drop every open connection.

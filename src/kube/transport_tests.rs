@@ -66,6 +66,8 @@ async fn token_user_agent_and_client_certificate_are_sent() {
     assert_eq!(r.headers["user-agent"], format!("edra/{}", crate::VERSION).as_str());
     assert_eq!(r.version, http::Version::HTTP_2, "HTTP/2 is negotiated by ALPN");
     assert!(!r.client_cert);
+    client.server_version().await.unwrap_err(); // script exhausted: 404, on the same connection
+    assert_eq!(srv.connections.load(std::sync::atomic::Ordering::SeqCst), 1, "HTTP/2 connection reused");
 
     let (cert, key) = pki.leaf(&[], "system:node:n1");
     let mut creds = srv.token_credentials(&pki, "unused");
@@ -303,4 +305,19 @@ async fn token_file_is_reread_when_it_rotates() {
     std::fs::remove_file(&token).unwrap();
     let e = client.server_version().await.unwrap_err();
     assert!(matches!(e, Error::CredentialFile { .. }) && e.to_string().contains("token"), "{e}");
+}
+
+#[tokio::test]
+async fn falls_back_to_http1_and_reuses_the_connection() {
+    let pki = Pki::new("ca");
+    let h: Handler = Arc::new(|_: &Seen| Reply::json(200, json!({"gitVersion": "v1"})));
+    let srv = TestServer::start_with_alpn(&pki, "127.0.0.1:0".parse().unwrap(), h, &[b"http/1.1"]).await;
+    let client = Client::new(srv.token_credentials(&pki, "t"), fast()).unwrap();
+    for _ in 0..3 {
+        client.server_version().await.unwrap();
+    }
+    let reqs = srv.requests();
+    assert!(reqs.iter().all(|r| r.version == http::Version::HTTP_11), "HTTP/1.1 when the server offers no h2");
+    assert_eq!(client.stats().count("GET", 200), 3);
+    assert_eq!(srv.connections.load(std::sync::atomic::Ordering::SeqCst), 1, "one pooled connection for all requests");
 }
