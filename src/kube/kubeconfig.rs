@@ -176,10 +176,8 @@ fn build(
         &format!("cluster {cluster_name:?} certificate-authority"),
         c.certificate_authority_data,
         c.certificate_authority,
+        PemKind::Cert,
     )?;
-    if let Some(Pem::Data(d)) = &ca {
-        check_pem(cfile, &format!("cluster {cluster_name:?} certificate-authority-data"), d, PemKind::Cert)?;
-    }
     let insecure = c.insecure_skip_tls_verify == Some(true);
     if ca.is_none() && !insecure {
         return Err(err(
@@ -221,16 +219,11 @@ fn user_auth(name: &str, file: &Path, u: User) -> Result<(Auth, String), Error> 
             ),
         ));
     }
-    let cert = pem_source(file, &what("client-certificate"), u.client_certificate_data, u.client_certificate)?;
-    let key = pem_source(file, &what("client-key"), u.client_key_data, u.client_key)?;
+    let cert =
+        pem_source(file, &what("client-certificate"), u.client_certificate_data, u.client_certificate, PemKind::Cert)?;
+    let key = pem_source(file, &what("client-key"), u.client_key_data, u.client_key, PemKind::Key)?;
     match (cert, key) {
         (Some(cert), Some(key)) => {
-            if let Pem::Data(d) = &cert {
-                check_pem(file, &what("client-certificate-data"), d, PemKind::Cert)?;
-            }
-            if let Pem::Data(d) = &key {
-                check_pem(file, &what("client-key-data"), d, PemKind::Key)?;
-            }
             let identity = match &cert {
                 Pem::File(p) => format!("client certificate {} from {}", p.display(), file.display()),
                 Pem::Data(_) => format!("client certificate from {}", file.display()),
@@ -268,12 +261,21 @@ fn resolve_path(file: &Path, p: &str) -> PathBuf {
     if p.is_absolute() { p } else { file.parent().map(|d| d.join(&p)).unwrap_or(p) }
 }
 
-/// `*-data` (base64) wins over the file form, as in kubectl.
-fn pem_source(file: &Path, what: &str, data: Option<String>, path: Option<String>) -> Result<Option<Pem>, Error> {
+/// `*-data` (base64) wins over the file form, as in kubectl. Both forms are checked for
+/// PEM content now, so a broken file is reported at start-up against this kubeconfig;
+/// files are read again when connecting (they may be rotated).
+fn pem_source(
+    file: &Path,
+    what: &str,
+    data: Option<String>,
+    path: Option<String>,
+    kind: PemKind,
+) -> Result<Option<Pem>, Error> {
     if let Some(d) = data.filter(|d| !d.is_empty()) {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(d.trim())
             .map_err(|e| err(file, format!("{what}-data is not valid base64: {e}")))?;
+        check_pem(file, &format!("{what}-data"), &bytes, kind)?;
         return Ok(Some(Pem::Data(bytes)));
     }
     match path.filter(|p| !p.is_empty()) {
@@ -283,6 +285,9 @@ fn pem_source(file: &Path, what: &str, data: Option<String>, path: Option<String
             if !path.exists() {
                 return Err(err(file, format!("{what} file {} does not exist", path.display())));
             }
+            let bytes = std::fs::read(&path)
+                .map_err(|e| err(file, format!("{what} file {} cannot be read: {e}", path.display())))?;
+            check_pem(file, &format!("{what} file {}", path.display()), &bytes, kind)?;
             Ok(Some(Pem::File(path)))
         }
     }

@@ -129,6 +129,7 @@ fn malformed_kubeconfigs_name_the_file_and_the_problem() {
     let p = pki();
     let good = kubeconfig(&p.cert, "    token: t");
     let ca_line = format!("certificate-authority-data: {}", b64(&p.cert));
+    write(d.path(), "garbage.pem", "not pem at all");
     let cases: Vec<(&str, String, &str)> = vec![
         ("bad-yaml", "clusters: [unclosed".into(), "not a valid kubeconfig"),
         ("no-current", good.replace("current-context: main\n", ""), "no current-context"),
@@ -146,6 +147,11 @@ fn malformed_kubeconfigs_name_the_file_and_the_problem() {
             "no PEM CERTIFICATE",
         ),
         ("missing-file", good.replace(&ca_line, "certificate-authority: nowhere/ca.crt"), "does not exist"),
+        (
+            "bad-pem-file",
+            good.replace(&ca_line, "certificate-authority: garbage.pem"),
+            "garbage.pem: contains no PEM CERTIFICATE",
+        ),
         ("http-server", good.replace("https://127.0.0.1", "http://127.0.0.1"), "not an https:// URL"),
         ("no-server", good.replace("    server: https://127.0.0.1:6443\n", ""), "has no server"),
         ("no-creds", good.replace("    token: t", "    {}"), "has no credentials"),
