@@ -3,4 +3,5 @@
 //! One test binary (modules below) keeps link time down.
 
 mod apiserver_selftest;
+mod kube_client;
 mod support;
