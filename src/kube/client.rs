@@ -26,6 +26,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
 
 use super::backoff::{Backoff, RateLimiter};
 use super::credentials::{Auth, Credentials, read_token};
@@ -113,7 +114,7 @@ struct Stats {
 #[derive(Debug)]
 struct TokenFile {
     path: PathBuf,
-    cache: Mutex<Option<(Option<SystemTime>, tokio::time::Instant, HeaderValue)>>,
+    cache: Mutex<Option<(Option<SystemTime>, Instant, HeaderValue)>>,
 }
 
 impl TokenFile {
@@ -127,7 +128,7 @@ impl TokenFile {
             return Ok(h.clone());
         }
         let h = bearer(read_token(&self.path)?.expose(), &self.path.display().to_string())?;
-        *cache = Some((mtime, tokio::time::Instant::now(), h.clone()));
+        *cache = Some((mtime, Instant::now(), h.clone()));
         Ok(h)
     }
 }
@@ -290,14 +291,15 @@ impl Client {
         out.body(Full::new(req.body().clone())).map_err(|e| Error::Transport { operation: op, source: Box::new(e) })
     }
 
-    /// Send once; returns the response with its headers (body not read).
-    async fn send(&self, req: &Request<Bytes>) -> Result<Response<Incoming>, Failure> {
+    /// Send once; returns the response with its headers (body not read) unless `deadline`
+    /// passes first.
+    async fn send(&self, req: &Request<Bytes>, deadline: Instant) -> Result<Response<Incoming>, Failure> {
         let op = operation(req);
         let full = self.prepare(req).map_err(Failure::Fatal)?;
         self.inner.limiter.acquire().await;
         self.inner.stats.sent.fetch_add(req.body().len() as u64, Ordering::Relaxed);
         let timeout = self.inner.settings.request_timeout;
-        match tokio::time::timeout(timeout, self.inner.http.request(full)).await {
+        match tokio::time::timeout_at(deadline, self.inner.http.request(full)).await {
             Err(_) => {
                 self.record(verb(req), 0);
                 Err(Failure::Ambiguous(Error::Timeout { operation: op, after: timeout }))
@@ -318,10 +320,10 @@ impl Client {
         }
     }
 
-    /// Read a whole body within the request timeout.
-    async fn read_body(&self, op: &str, body: Incoming) -> Result<Bytes, Error> {
+    /// Read a whole body before `deadline`.
+    async fn read_body(&self, op: &str, body: Incoming, deadline: Instant) -> Result<Bytes, Error> {
         let timeout = self.inner.settings.request_timeout;
-        let collected = tokio::time::timeout(timeout, body.collect())
+        let collected = tokio::time::timeout_at(deadline, body.collect())
             .await
             .map_err(|_| Error::Timeout { operation: op.to_string(), after: timeout })?
             .map_err(|e| Error::Transport { operation: op.to_string(), source: Box::new(e) })?;
@@ -330,13 +332,14 @@ impl Client {
         Ok(bytes)
     }
 
-    /// One attempt, body included.
+    /// One attempt, body included, within one request timeout.
     async fn attempt(&self, req: &Request<Bytes>) -> Result<Bytes, Failure> {
         let op = operation(req);
-        let resp = self.send(req).await?;
+        let deadline = Instant::now() + self.inner.settings.request_timeout;
+        let resp = self.send(req, deadline).await?;
         let status = resp.status();
         let retry_after = retry_after(&resp);
-        let body = self.read_body(&op, resp.into_body()).await.map_err(Failure::Ambiguous)?;
+        let body = self.read_body(&op, resp.into_body(), deadline).await.map_err(Failure::Ambiguous)?;
         if status.is_success() {
             return Ok(body);
         }
@@ -348,7 +351,7 @@ impl Client {
     /// Send with the retry policy (module doc) and return the successful body.
     pub(super) async fn request(&self, req: Request<Bytes>) -> Result<Bytes, Error> {
         let s = &self.inner.settings;
-        let deadline = tokio::time::Instant::now() + s.retry_budget;
+        let deadline = Instant::now() + s.retry_budget;
         let mut backoff = Backoff::new(s.retry_base_delay, s.retry_max_delay);
         let post = req.method() == Method::POST;
         let mut attempt = 1u32;
@@ -375,7 +378,7 @@ impl Client {
                 Failure::Ambiguous(err) if !post => (err, backoff.next_delay()),
                 Failure::Ambiguous(err) | Failure::Fatal(err) => return Err(err),
             };
-            if attempt >= s.max_attempts || tokio::time::Instant::now() + delay > deadline {
+            if attempt >= s.max_attempts || Instant::now() + delay > deadline {
                 return Err(err);
             }
             tracing::debug!(operation = %operation(&req), error = %err, ?delay, attempt, "retrying request");
@@ -387,7 +390,7 @@ impl Client {
     /// Start a streaming request (watch): one attempt, the timeout covers only the headers.
     pub(super) async fn stream(&self, req: Request<Bytes>) -> Result<Incoming, Error> {
         let op = operation(&req);
-        let resp = match self.send(&req).await {
+        let resp = match self.send(&req, Instant::now() + self.inner.settings.request_timeout).await {
             Ok(r) => r,
             Err(Failure::Status(e, _) | Failure::Connect(e) | Failure::Ambiguous(e) | Failure::Fatal(e)) => {
                 return Err(e);
@@ -398,7 +401,7 @@ impl Client {
             return Ok(resp.into_body());
         }
         let ra = retry_after(&resp);
-        let body = self.read_body(&op, resp.into_body()).await?;
+        let body = self.read_body(&op, resp.into_body(), Instant::now() + self.inner.settings.request_timeout).await?;
         Err(Error::from_status(op, status.as_u16(), &body, ra))
     }
 }

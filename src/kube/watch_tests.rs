@@ -170,3 +170,23 @@ async fn watch_recovers_from_a_server_restart() {
     assert!(matches!(next(&mut w).await, Event::Applied(s) if name(&s) == "d"));
     assert_eq!(srv2.requests().iter().filter(|r| r.param("watch").is_some()).count(), 2);
 }
+
+#[tokio::test]
+async fn a_silent_watch_connection_is_abandoned() {
+    let pki = Pki::new("ca");
+    let (lists, watches, h) = routes();
+    let srv = TestServer::start(&pki, h).await;
+    let settings = ClientSettings { watch_timeout_seconds: 1, request_timeout: Duration::from_millis(200), ..fast() };
+    let client = Client::new(srv.token_credentials(&pki, "t"), settings).unwrap();
+    lists.lock().unwrap().push_back(list("1", &[]));
+    let (_silent, r1) = stream();
+    let (tx2, r2) = stream();
+    watches.lock().unwrap().extend([r1, r2]);
+    let mut w = Box::pin(client.watch_slices(ResourceApi::V1, ""));
+    assert!(matches!(next(&mut w).await, Event::Restarted(_)));
+    let start = Instant::now();
+    assert!(matches!(next(&mut w).await, Event::Error(e) if e.is_timeout()));
+    assert!(start.elapsed() >= Duration::from_millis(1200), "{:?}", start.elapsed());
+    tx2.send(line("ADDED", slice("a", "2"))).unwrap();
+    assert!(matches!(next(&mut w).await, Event::Applied(_)), "reconnected after the dead connection");
+}

@@ -153,7 +153,19 @@ impl Watcher {
                         }
                         continue;
                     }
-                    match body.frame().await {
+                    // Bookmarks arrive about once a minute and the server ends the watch after
+                    // timeoutSeconds, so silence beyond that means a dead connection.
+                    let settings = &self.client.inner.settings;
+                    let idle =
+                        Duration::from_secs(u64::from(settings.watch_timeout_seconds)) + settings.request_timeout;
+                    let frame = match tokio::time::timeout(idle, body.frame()).await {
+                        Ok(frame) => frame,
+                        Err(_) => {
+                            let err = Error::Timeout { operation: "WATCH resourceslices".into(), after: idle };
+                            return self.fail(State::Listed { rv }, err);
+                        }
+                    };
+                    match frame {
                         None => {
                             if !got_any {
                                 // Closed without a single line: do not spin on a server that hangs up.
