@@ -190,3 +190,39 @@ async fn a_silent_watch_connection_is_abandoned() {
     tx2.send(line("ADDED", slice("a", "2"))).unwrap();
     assert!(matches!(next(&mut w).await, Event::Applied(_)), "reconnected after the dead connection");
 }
+
+/// Paused time: a failure before any I/O (the token file is missing) makes each step fail
+/// at once, so the measured gaps between Error events are exactly the backoff delays.
+#[tokio::test(start_paused = true)]
+async fn watch_backoff_grows_and_is_capped_in_paused_time() {
+    let pki = Pki::new("ca");
+    let dir = tempfile::tempdir().unwrap();
+    let creds = Credentials {
+        server: "https://127.0.0.1:1".into(),
+        ca: Some(Pem::Data(pki.ca_pem.clone().into_bytes())),
+        insecure_skip_tls_verify: false,
+        tls_server_name: None,
+        auth: Auth::TokenFile(dir.path().join("missing-token")),
+        identity: "test".into(),
+    };
+    let settings = ClientSettings {
+        watch_backoff_base: Duration::from_millis(500),
+        watch_backoff_max: Duration::from_secs(30),
+        ..ClientSettings::default()
+    };
+    let client = Client::new(creds, settings).unwrap();
+    let mut w = Box::pin(client.watch_slices(ResourceApi::V1, ""));
+    let mut last = tokio::time::Instant::now();
+    for n in 0..10u32 {
+        let ev = tokio::time::timeout(Duration::from_secs(60), w.next()).await.unwrap().unwrap();
+        assert!(matches!(ev, Event::Error(Error::CredentialFile { .. })), "{ev:?}");
+        let gap = last.elapsed();
+        last = tokio::time::Instant::now();
+        if n == 0 {
+            assert_eq!(gap, Duration::ZERO, "the first attempt is immediate");
+            continue;
+        }
+        let exp = Duration::from_millis(500).saturating_mul(1 << (n - 1)).min(Duration::from_secs(30));
+        assert!(gap >= exp / 2 && gap <= exp, "gap {n}: {gap:?} not in [{:?}, {exp:?}]", exp / 2);
+    }
+}
