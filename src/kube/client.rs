@@ -188,7 +188,9 @@ impl Client {
     /// Resolve credentials (configured kubeconfig, KUBECONFIG, in-cluster, k3s) and build
     /// the TLS configuration. No network traffic.
     pub fn from_config(cfg: &crate::config::Config) -> Result<Client, Error> {
-        let sources = super::Sources::from_settings(&cfg.kube, std::env::vars());
+        // vars_os: `std::env::vars` panics on a non-UTF-8 variable; such variables are skipped.
+        let env = std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+        let sources = super::Sources::from_settings(&cfg.kube, env);
         let creds = super::credentials::resolve(&sources)?;
         Client::new(creds, ClientSettings::from_config(&cfg.kube))
     }

@@ -281,3 +281,29 @@ async fn claims_are_read_in_the_served_version() {
         assert!(client.get_claim(api, "ns", "missing").await.unwrap_err().is_not_found());
     }
 }
+
+#[tokio::test]
+async fn from_config_uses_the_configured_kubeconfig_and_node_identity() {
+    use edra::config::{Config, LoadContext, Overrides};
+    let server = TestApiServer::start(Options::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = server.write_kubeconfig(dir.path(), &Identity::node("n1")).unwrap();
+    let mut overrides = Overrides::default();
+    overrides.push("kubernetes.kubeconfig", path.display().to_string(), "--kubeconfig");
+    let ctx = LoadContext {
+        explicit_file: None,
+        default_file: dir.path().join("absent.toml"),
+        env: Vec::new(),
+        overrides,
+        hostname: Some("n1".into()),
+    };
+    let cfg = Config::load(&ctx).expect("config loads");
+    let client = Client::from_config(&cfg).unwrap();
+    assert_eq!(client.server_url(), server.url());
+    assert!(
+        client.identity().contains("client certificate") && client.identity().contains(&path.display().to_string())
+    );
+    assert_eq!(client.server_version().await.unwrap(), "v1.36.2");
+    let users: Vec<_> = server.requests().iter().map(|r| r.user.clone().unwrap_or_default()).collect();
+    assert_eq!(users, ["system:node:n1"]);
+}
