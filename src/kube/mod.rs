@@ -1,1 +1,33 @@
-//! (in progress)
+//! edra's own Kubernetes API client, on hyper 1 + rustls (ring): credentials from a
+//! kubeconfig, `KUBECONFIG`, the in-cluster service account or the k3s kubeconfigs
+//! ([`credentials`], [`kubeconfig`]); TLS with reloading client certificates ([`tls`]);
+//! pure request builders ([`request`]); transport with rate limit, timeouts and retries
+//! ([`client`]); the operations edra needs ([`api`]); version conversion of
+//! resource.k8s.io objects ([`convert`]); and a ResourceSlice watcher ([`watcher`]).
+
+pub mod api;
+pub mod backoff;
+pub mod client;
+pub mod convert;
+pub mod credentials;
+mod error;
+pub mod kubeconfig;
+pub mod request;
+pub mod tls;
+pub mod watcher;
+
+pub use api::SliceList;
+pub use client::{Client, ClientSettings, RequestStats};
+pub use credentials::{Auth, Credentials, Pem, Secret, Sources};
+pub use error::{ApiError, Error, decode_status};
+pub use request::ResourceApi;
+pub use watcher::Event;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod testserver;
+#[cfg(test)]
+mod transport_tests;
+#[cfg(test)]
+mod watch_tests;

@@ -2,6 +2,8 @@
 //! Unix sockets, real sled on temp dirs, the real nvml-wrapper loading a stand-in library.
 //! One test binary (modules below) keeps link time down.
 
+mod apiserver_selftest;
 mod cli_inventory;
 mod inventory_nvml;
+mod kube_client;
 mod support;

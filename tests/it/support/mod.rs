@@ -1,4 +1,5 @@
 //! Test doubles and helpers shared by the integration tests and the benchmarks.
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod nvml;

@@ -1,0 +1,192 @@
+//! Where edra's Kubernetes credentials come from and what they are. Resolution order
+//! (first found wins): the configured kubeconfig, `KUBECONFIG`, the in-cluster service
+//! account, the k3s kubelet's kubeconfig, the k3s server's kubeconfig. Resolution takes the
+//! environment as a map so it is testable without touching the process environment.
+//! Secrets (tokens, key material) are redacted in `Debug`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::Error;
+use super::kubeconfig;
+
+/// Secret text (a bearer token); `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The secret itself, for the `Authorization` header only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// PEM material, inline (from `*-data`) or in a file that is re-read when it changes.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Pem {
+    Data(Vec<u8>),
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pem::Data(d) => write!(f, "Pem::Data(<{} bytes redacted>)", d.len()),
+            Pem::File(p) => f.debug_tuple("Pem::File").field(p).finish(),
+        }
+    }
+}
+
+/// How edra authenticates to the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// No client authentication (only useful for tests and anonymous servers).
+    None,
+    /// A static bearer token.
+    Token(Secret),
+    /// A bearer token read from a file, re-read when the file changes (rotation).
+    TokenFile(PathBuf),
+    /// A client certificate and key; files are re-read when they change (k3s re-signs).
+    ClientCert { cert: Pem, key: Pem },
+}
+
+/// Everything needed to reach and authenticate to one API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// `https://host:port`, without a trailing slash.
+    pub server: String,
+    /// The certificate authority that signs the server certificate.
+    pub ca: Option<Pem>,
+    /// Skip server certificate verification (only when explicitly asked for).
+    pub insecure_skip_tls_verify: bool,
+    /// Override of the name checked in the server certificate (`tls-server-name`).
+    pub tls_server_name: Option<String>,
+    pub auth: Auth,
+    /// Human description of where the identity came from.
+    pub identity: String,
+}
+
+/// Inputs of credential resolution (from `config.kube` plus the environment).
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+    pub insecure_skip_tls_verify: bool,
+    pub service_account_dir: PathBuf,
+    pub k3s_kubelet_kubeconfig: PathBuf,
+    pub k3s_server_kubeconfig: PathBuf,
+    /// The environment (`KUBECONFIG`, `KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`).
+    pub env: BTreeMap<String, String>,
+}
+
+impl Sources {
+    /// Sources from edra's configuration and the given environment.
+    pub fn from_settings(k: &crate::config::KubeSettings, env: impl IntoIterator<Item = (String, String)>) -> Self {
+        Sources {
+            kubeconfig: k.kubeconfig.clone(),
+            context: k.context.clone(),
+            insecure_skip_tls_verify: k.insecure_skip_tls_verify,
+            service_account_dir: k.service_account_dir.clone(),
+            k3s_kubelet_kubeconfig: k.k3s_kubelet_kubeconfig.clone(),
+            k3s_server_kubeconfig: k.k3s_server_kubeconfig.clone(),
+            env: env.into_iter().collect(),
+        }
+    }
+}
+
+/// Find credentials: the first source present wins; a present but broken source is an
+/// error (it is not skipped), so a typo never silently selects another cluster.
+pub fn resolve(src: &Sources) -> Result<Credentials, Error> {
+    let mut creds = resolve_inner(src)?;
+    if src.insecure_skip_tls_verify {
+        creds.insecure_skip_tls_verify = true;
+    }
+    if creds.insecure_skip_tls_verify {
+        tracing::warn!(
+            server = %creds.server,
+            "TLS verification of the API server is DISABLED (insecure-skip-tls-verify); anyone on the path can impersonate it"
+        );
+    }
+    Ok(creds)
+}
+
+fn resolve_inner(src: &Sources) -> Result<Credentials, Error> {
+    let ctx = src.context.as_deref();
+    if let Some(path) = &src.kubeconfig {
+        return kubeconfig::load(std::slice::from_ref(path), ctx);
+    }
+    let mut tried = vec!["kubernetes.kubeconfig / --kubeconfig: not set".to_string()];
+    match src.env.get("KUBECONFIG").filter(|v| !v.is_empty()) {
+        Some(list) => {
+            let files: Vec<PathBuf> = list.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+            let existing: Vec<PathBuf> = files.iter().filter(|p| p.exists()).cloned().collect();
+            if !existing.is_empty() {
+                return kubeconfig::load(&existing, ctx);
+            }
+            tried.push(format!("KUBECONFIG={list}: none of its files exist"));
+        }
+        None => tried.push("KUBECONFIG: not set".to_string()),
+    }
+    match in_cluster(src)? {
+        Ok(creds) => return Ok(creds),
+        Err(why) => tried.push(why),
+    }
+    for (label, path) in [("k3s kubelet", &src.k3s_kubelet_kubeconfig), ("k3s server", &src.k3s_server_kubeconfig)] {
+        if path.exists() {
+            return kubeconfig::load(std::slice::from_ref(path), ctx);
+        }
+        tried.push(format!("{label} kubeconfig {}: does not exist", path.display()));
+    }
+    Err(Error::NoCredentials { tried })
+}
+
+/// In-cluster credentials; `Ok(Err(reason))` when not running in a pod.
+fn in_cluster(src: &Sources) -> Result<Result<Credentials, String>, Error> {
+    let dir = &src.service_account_dir;
+    let (host, port) = match (src.env.get("KUBERNETES_SERVICE_HOST"), src.env.get("KUBERNETES_SERVICE_PORT")) {
+        (Some(h), Some(p)) if !h.is_empty() && !p.is_empty() => (h, p),
+        _ => return Ok(Err("in-cluster: KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT not set".to_string())),
+    };
+    let token = dir.join("token");
+    if !token.exists() {
+        return Ok(Err(format!("in-cluster: service account token {} does not exist", token.display())));
+    }
+    let bad = |problem: String| Error::InCluster { dir: dir.clone(), problem };
+    if port.parse::<u16>().is_err() {
+        return Err(bad(format!("KUBERNETES_SERVICE_PORT={port:?} is not a port number")));
+    }
+    let host = if host.contains(':') { format!("[{host}]") } else { host.clone() };
+    let ca = dir.join("ca.crt");
+    if !ca.exists() {
+        return Err(bad(format!("the service account CA {} does not exist", ca.display())));
+    }
+    read_token(&token).map_err(|e| bad(e.to_string()))?;
+    Ok(Ok(Credentials {
+        server: format!("https://{host}:{port}"),
+        ca: Some(Pem::File(ca)),
+        insecure_skip_tls_verify: false,
+        tls_server_name: None,
+        auth: Auth::TokenFile(token.clone()),
+        identity: format!("service account token from {}", token.display()),
+    }))
+}
+
+/// Read a token file: trimmed, and not empty.
+pub fn read_token(path: &Path) -> Result<Secret, Error> {
+    let bad = |problem: String| Error::CredentialFile { path: path.to_path_buf(), problem };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read the token: {e}")))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(bad("the token file is empty".into()));
+    }
+    Ok(Secret::new(token))
+}

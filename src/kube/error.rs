@@ -1,0 +1,263 @@
+//! The error type of the Kubernetes client: typed API errors decoded from the server's
+//! `Status` body, plus transport, TLS, timeout, decoding and credential errors. Each
+//! variant names the failed operation and keeps its cause.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// An error response from the API server, decoded from its `Status` body when it has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The operation, e.g. `GET /api/v1/nodes/n1`.
+    pub operation: String,
+    /// The HTTP status code.
+    pub code: u16,
+    /// The `Status.reason` (e.g. `NotFound`, `Conflict`), empty when the body had none.
+    pub reason: String,
+    /// The server's message, or the raw body when it was not a `Status`.
+    pub message: String,
+    /// Field-level causes (for 422 Invalid): `field: message`.
+    pub causes: Vec<String>,
+    /// `Retry-After` seconds, when the server sent the header or `details.retryAfterSeconds`.
+    pub retry_after: Option<u64>,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: HTTP {}", self.operation, self.code)?;
+        if !self.reason.is_empty() {
+            write!(f, " {}", self.reason)?;
+        }
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        if !self.causes.is_empty() {
+            write!(f, " ({})", self.causes.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything that can go wrong talking to the API server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// 404: the object does not exist.
+    #[error("not found: {0}")]
+    NotFound(ApiError),
+    /// 409: a stale `resourceVersion`, a failed precondition, or the name already exists.
+    #[error("conflict: {0}")]
+    Conflict(ApiError),
+    /// 403: authenticated but not allowed; the server's message says by which rule.
+    #[error("forbidden: {0}; check the RBAC rules (and node authorization) for edra's identity")]
+    Forbidden(ApiError),
+    /// 401: the credentials were not accepted.
+    #[error("unauthorized: {0}; the client certificate or token was rejected, check that it is current")]
+    Unauthorized(ApiError),
+    /// 410: the requested resourceVersion is too old (watch and list).
+    #[error("gone: {0}")]
+    Gone(ApiError),
+    /// 422: the object failed validation.
+    #[error("invalid: {0}")]
+    Invalid(ApiError),
+    /// 429: throttled by the server, still so after retrying.
+    #[error("too many requests: {0}")]
+    TooManyRequests(ApiError),
+    /// 5xx: the server failed, still so after retrying.
+    #[error("server error: {0}")]
+    ServerError(ApiError),
+    /// Any other error status (e.g. 400, 405).
+    #[error("request failed: {0}")]
+    Api(ApiError),
+    /// The connection failed or broke.
+    #[error("{operation}: connection to the API server failed: {source}")]
+    Transport {
+        operation: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The TLS handshake failed (untrusted server certificate, rejected client certificate).
+    #[error(
+        "{operation}: TLS handshake with the API server failed: {source}; check the certificate authority and the client certificate"
+    )]
+    Tls {
+        operation: String,
+        #[source]
+        source: rustls::Error,
+    },
+    /// No response (or body) within the timeout.
+    #[error("{operation}: no response within {after:?}")]
+    Timeout { operation: String, after: Duration },
+    /// The response was not the JSON we expected.
+    #[error("{operation}: cannot decode the response: {source}")]
+    Decode {
+        operation: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An object could not be encoded or converted for the chosen API version.
+    #[error("{operation}: cannot convert the object: {problem}")]
+    Convert { operation: String, problem: String },
+    /// A kubeconfig file is unusable.
+    #[error("kubeconfig {path}: {problem}")]
+    Kubeconfig { path: PathBuf, problem: String },
+    /// In-cluster (service account) credentials are unusable.
+    #[error("in-cluster credentials in {dir}: {problem}")]
+    InCluster { dir: PathBuf, problem: String },
+    /// A credential file (token, certificate, key) could not be read at request time.
+    #[error("credential file {path}: {problem}")]
+    CredentialFile { path: PathBuf, problem: String },
+    /// No credentials found anywhere.
+    #[error(
+        "no Kubernetes credentials found; tried:\n  - {}\nset `kubernetes.kubeconfig` (or --kubeconfig), set KUBECONFIG, run in a pod with a service account, or run on a k3s node",
+        tried.join("\n  - ")
+    )]
+    NoCredentials { tried: Vec<String> },
+    /// The TLS client configuration could not be built.
+    #[error("building the TLS configuration: {problem}")]
+    TlsConfig { problem: String },
+    /// The server does not serve a resource.k8s.io version edra speaks.
+    #[error(
+        "the API server (Kubernetes {server_version}) serves no resource.k8s.io version edra supports (v1, v1beta2, v1beta1; served: {served}); use Kubernetes 1.34+ (DRA is on by default), or on 1.32/1.33 enable the DynamicResourceAllocation feature gate and --runtime-config=resource.k8s.io/v1beta1=true"
+    )]
+    NoResourceApi { server_version: String, served: String },
+}
+
+impl Error {
+    /// The API error behind this error, if it came from an HTTP status.
+    pub fn api(&self) -> Option<&ApiError> {
+        match self {
+            Error::NotFound(e)
+            | Error::Conflict(e)
+            | Error::Forbidden(e)
+            | Error::Unauthorized(e)
+            | Error::Gone(e)
+            | Error::Invalid(e)
+            | Error::TooManyRequests(e)
+            | Error::ServerError(e)
+            | Error::Api(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The HTTP status code, if the server answered.
+    pub fn status(&self) -> Option<u16> {
+        self.api().map(|e| e.code)
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::NotFound(_))
+    }
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Conflict(_))
+    }
+    pub fn is_gone(&self) -> bool {
+        matches!(self, Error::Gone(_))
+    }
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, Error::Forbidden(_))
+    }
+    pub fn is_unauthorized(&self) -> bool {
+        matches!(self, Error::Unauthorized(_))
+    }
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, Error::Invalid(_))
+    }
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Error::Tls { .. })
+    }
+
+    /// Classify an error status and its body into a typed error.
+    pub fn from_status(operation: String, code: u16, body: &[u8], retry_after_header: Option<u64>) -> Error {
+        let api = decode_status(operation, code, body, retry_after_header);
+        match code {
+            401 => Error::Unauthorized(api),
+            403 => Error::Forbidden(api),
+            404 => Error::NotFound(api),
+            409 => Error::Conflict(api),
+            410 => Error::Gone(api),
+            422 => Error::Invalid(api),
+            429 => Error::TooManyRequests(api),
+            500..=599 => Error::ServerError(api),
+            _ => Error::Api(api),
+        }
+    }
+}
+
+/// The parts of `meta/v1 Status` edra reads.
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct Status {
+    kind: String,
+    message: String,
+    reason: String,
+    details: Option<StatusDetails>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct StatusDetails {
+    causes: Vec<StatusCause>,
+    retry_after_seconds: Option<u64>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct StatusCause {
+    field: String,
+    message: String,
+}
+
+/// Decode a `Status` body; a body that is not one becomes the message (truncated).
+pub fn decode_status(operation: String, code: u16, body: &[u8], retry_after_header: Option<u64>) -> ApiError {
+    match serde_json::from_slice::<Status>(body) {
+        Ok(s) if s.kind == "Status" || !s.message.is_empty() => {
+            let details = s.details.unwrap_or_default();
+            let causes = details
+                .causes
+                .into_iter()
+                .map(|c| if c.field.is_empty() { c.message } else { format!("{}: {}", c.field, c.message) })
+                .collect();
+            ApiError {
+                operation,
+                code,
+                reason: s.reason,
+                message: s.message,
+                causes,
+                retry_after: retry_after_header.or(details.retry_after_seconds),
+            }
+        }
+        _ => {
+            let text = String::from_utf8_lossy(body);
+            let message: String = text.trim().chars().take(512).collect();
+            ApiError {
+                operation,
+                code,
+                reason: String::new(),
+                message,
+                causes: Vec::new(),
+                retry_after: retry_after_header,
+            }
+        }
+    }
+}
+
+/// Find a rustls error anywhere in an error's source chain (also inside `io::Error`s).
+pub fn find_tls_error(err: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(t) = e.downcast_ref::<rustls::Error>() {
+            return Some(t.clone());
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && let Some(t) = find_tls_error(inner)
+        {
+            return Some(t);
+        }
+        cur = e.source();
+    }
+    None
+}

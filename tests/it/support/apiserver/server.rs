@@ -1,0 +1,86 @@
+//! Listening and connection handling: binds 127.0.0.1 with `SO_REUSEADDR` (so a restart
+//! gets the same port back), completes TLS, authenticates the client certificate once per
+//! connection, and serves HTTP/1.1 or HTTP/2 with hyper-util's auto builder until the
+//! connection ends or the handle drops every connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+
+use super::{Shared, handler};
+
+/// A listening socket on `addr` that can be re-bound right after it is closed.
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Accepts connections until aborted; each connection runs in its own task that ends when
+/// `kill` changes.
+pub(crate) fn spawn_accept(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    tls: Arc<rustls::ServerConfig>,
+    kill: watch::Receiver<u64>,
+) -> JoinHandle<()> {
+    let acceptor = TlsAcceptor::from(tls);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::debug!(%error, "test API server accept failed");
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let mut kill = kill.clone();
+            kill.borrow_and_update();
+            tokio::spawn(serve_connection(tcp, peer, acceptor.clone(), shared.clone(), kill));
+        }
+    })
+}
+
+async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    shared: Arc<Shared>,
+    mut kill: watch::Receiver<u64>,
+) {
+    let tls = tokio::select! {
+        tls = acceptor.accept(tcp) => tls,
+        _ = kill.changed() => return,
+    };
+    let tls = match tls {
+        Ok(tls) => tls,
+        Err(error) => {
+            tracing::debug!(%peer, %error, "test API server TLS handshake failed");
+            return;
+        }
+    };
+    let cert_user = tls.get_ref().1.peer_certificates().and_then(|chain| {
+        let chain: Vec<_> = chain.iter().map(|c| c.clone().into_owned()).collect();
+        shared.pki.identify(&chain)
+    });
+    let service = service_fn(move |request| handler::handle(shared.clone(), cert_user.clone(), request));
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let connection = builder.serve_connection(TokioIo::new(tls), service);
+    tokio::select! {
+        result = connection => {
+            if let Err(error) = result {
+                tracing::debug!(%peer, %error, "test API server connection ended with an error");
+            }
+        }
+        _ = kill.changed() => {}
+    }
+}

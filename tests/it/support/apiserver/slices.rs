@@ -1,0 +1,208 @@
+//! ResourceSlice list, get, create, update and delete with the real server's semantics:
+//! generateName, AlreadyExists, optimistic concurrency on `metadata.resourceVersion`
+//! (unconditional when absent), UID/resourceVersion preconditions on delete, validation and
+//! authorization (node authorizer + NodeRestriction when enabled).
+
+use http::StatusCode;
+use serde_json::{Value, json};
+
+use super::authz::Attributes;
+use super::convert::{self, ApiVersion};
+use super::handler::{Call, Reply};
+use super::query::FieldSelector;
+use super::status::{ApiError, SLICES};
+use super::store::{metadata_mut, random_suffix, with_type};
+use super::validate;
+
+fn attrs<'a>(verb: &'static str, name: Option<&'a str>) -> Attributes<'a> {
+    Attributes {
+        verb,
+        resource: SLICES,
+        namespace: None,
+        name,
+        selector_node: None,
+        existing_node: None,
+        new_node: None,
+        claim_on_node: false,
+    }
+}
+
+fn node_of(object: &Value) -> Option<&str> {
+    object["spec"]["nodeName"].as_str()
+}
+
+/// The object as served on `version`, with apiVersion/kind.
+pub(crate) fn out(version: ApiVersion, stored: &Value) -> Value {
+    with_type(&convert::slice_out(version, stored), version.as_str(), "ResourceSlice")
+}
+
+pub(crate) fn list(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiError> {
+    let selector = FieldSelector::parse_for_slices(call.params.get("fieldSelector").map(String::as_str))?;
+    let mut a = attrs("list", None);
+    a.selector_node = selector.required_value("spec.nodeName");
+    call.authorize(&a)?;
+    let state = call.shared.lock();
+    let items: Vec<Value> =
+        state.slices.values().filter(|s| selector.matches(s)).map(|s| convert::slice_out(version, s)).collect();
+    Ok(Reply::Json(
+        StatusCode::OK,
+        json!({
+            "kind": "ResourceSliceList",
+            "apiVersion": version.group_version(),
+            "metadata": {"resourceVersion": state.resource_version().to_string()},
+            "items": items,
+        }),
+    ))
+}
+
+pub(crate) fn get(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Reply, ApiError> {
+    let existing = call.shared.lock().slices.get(name).cloned();
+    let mut a = attrs("get", Some(name));
+    a.existing_node = existing.as_ref().map(node_of);
+    call.authorize(&a)?;
+    let existing = existing.ok_or_else(|| ApiError::not_found(SLICES, name))?;
+    Ok(Reply::Json(StatusCode::OK, out(version, &existing)))
+}
+
+/// Decodes a slice body sent on `version` into the stored v1 shape.
+fn decode(call: &Call<'_>, version: ApiVersion) -> Result<Value, ApiError> {
+    let body = call.json_body()?;
+    if !body.is_object() {
+        return Err(ApiError::bad_request("the body of the request must be a JSON object".to_owned()));
+    }
+    if let Some(api_version) = body["apiVersion"].as_str()
+        && api_version != version.group_version()
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({api_version}) does not match the expected API version ({})",
+            version.group_version()
+        )));
+    }
+    if let Some(kind) = body["kind"].as_str()
+        && kind != "ResourceSlice"
+    {
+        return Err(ApiError::bad_request(format!("the kind in the data ({kind}) does not match ResourceSlice")));
+    }
+    let mut object = convert::slice_in(version, &body);
+    // Server-owned fields are ignored on input; status does not exist for slices.
+    let meta = metadata_mut(&mut object);
+    for key in ["creationTimestamp", "generation", "managedFields", "namespace"] {
+        meta.remove(key);
+    }
+    Ok(object)
+}
+
+pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiError> {
+    let mut object = decode(call, version)?;
+    metadata_mut(&mut object).remove("uid");
+    metadata_mut(&mut object).remove("resourceVersion");
+    let given = object["metadata"]["name"].as_str().filter(|n| !n.is_empty()).map(str::to_owned);
+    let prefix = object["metadata"]["generateName"].as_str().filter(|n| !n.is_empty()).map(str::to_owned);
+    let mut state_name = given.clone();
+    if state_name.is_none()
+        && let Some(prefix) = &prefix
+    {
+        let state = call.shared.lock();
+        state_name = (0..100).map(|_| format!("{prefix}{}", random_suffix())).find(|n| !state.slices.contains_key(n));
+    }
+    let name = state_name.unwrap_or_default();
+    metadata_mut(&mut object).insert("name".to_owned(), json!(name));
+    let mut a = attrs("create", Some(&name));
+    a.new_node = Some(node_of(&object));
+    call.authorize(&a)?;
+    let causes = validate::slice(&object, None);
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(SLICES, &name, &causes));
+    }
+    let stored = call.shared.mutate(|s| {
+        if s.slices.contains_key(&name) {
+            return Err(ApiError::already_exists(SLICES, &name));
+        }
+        Ok(s.create_slice(&name, object))
+    })?;
+    Ok(Reply::Json(StatusCode::CREATED, out(version, &stored)))
+}
+
+pub(crate) fn update(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Reply, ApiError> {
+    let object = decode(call, version)?;
+    let body_name = object["metadata"]["name"].as_str().unwrap_or_default();
+    if body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    let existing = call.shared.lock().slices.get(name).cloned();
+    let mut a = attrs("update", Some(name));
+    a.existing_node = existing.as_ref().map(node_of);
+    a.new_node = Some(node_of(&object));
+    call.authorize(&a)?;
+    let Some(existing) = existing else {
+        return Err(ApiError::not_found(SLICES, name));
+    };
+    let causes = validate::slice(&object, Some(&existing));
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(SLICES, name, &causes));
+    }
+    let stored = call.shared.mutate(|s| {
+        let current = s.slices.get(name).ok_or_else(|| ApiError::not_found(SLICES, name))?;
+        let current_uid = current["metadata"]["uid"].as_str().unwrap_or_default();
+        if let Some(uid) = object["metadata"]["uid"].as_str().filter(|u| !u.is_empty())
+            && uid != current_uid
+        {
+            let why = format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {current_uid}");
+            return Err(ApiError::conflict(SLICES, name, &why));
+        }
+        if let Some(rv) = object["metadata"]["resourceVersion"].as_str().filter(|r| !r.is_empty())
+            && Some(rv) != current["metadata"]["resourceVersion"].as_str()
+        {
+            return Err(ApiError::modified(SLICES, name));
+        }
+        s.replace_slice(name, object).ok_or_else(|| ApiError::not_found(SLICES, name))
+    })?;
+    Ok(Reply::Json(StatusCode::OK, out(version, &stored)))
+}
+
+pub(crate) fn delete(call: &Call<'_>, _version: ApiVersion, name: &str) -> Result<Reply, ApiError> {
+    let options = if call.body.is_empty() { json!({}) } else { call.json_body()? };
+    let existing = call.shared.lock().slices.get(name).cloned();
+    let mut a = attrs("delete", Some(name));
+    a.existing_node = existing.as_ref().map(node_of);
+    call.authorize(&a)?;
+    if existing.is_none() {
+        return Err(ApiError::not_found(SLICES, name));
+    }
+    let deleted = call.shared.mutate(|s| {
+        let current = s.slices.get(name).ok_or_else(|| ApiError::not_found(SLICES, name))?;
+        let meta = &current["metadata"];
+        let pre = &options["preconditions"];
+        if let Some(uid) = pre["uid"].as_str()
+            && Some(uid) != meta["uid"].as_str()
+        {
+            let why = format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                meta["uid"].as_str().unwrap_or_default()
+            );
+            return Err(ApiError::conflict(SLICES, name, &why));
+        }
+        if let Some(rv) = pre["resourceVersion"].as_str()
+            && Some(rv) != meta["resourceVersion"].as_str()
+        {
+            let why = format!(
+                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                meta["resourceVersion"].as_str().unwrap_or_default()
+            );
+            return Err(ApiError::conflict(SLICES, name, &why));
+        }
+        s.delete_slice(name).ok_or_else(|| ApiError::not_found(SLICES, name))
+    })?;
+    Ok(Reply::Json(
+        StatusCode::OK,
+        json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": {"name": name, "group": SLICES.group, "kind": SLICES.plural, "uid": deleted["metadata"]["uid"]},
+        }),
+    ))
+}

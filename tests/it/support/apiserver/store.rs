@@ -1,0 +1,367 @@
+//! The test API server's object store: ResourceSlices, ResourceClaims and Nodes kept as
+//! `serde_json::Value` in v1 shape, one global integer resourceVersion counter shared by all
+//! kinds (like etcd's revision), a bounded event history for watches, and the request log.
+//!
+//! Every mutation goes through [`State`] methods that stamp metadata and append the event;
+//! the owner bumps a `tokio::sync::watch` generation after each change so watches and
+//! `wait_for` wake up.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use super::UserInfo;
+use super::authz::ForbidRule;
+use super::faults::Fault;
+
+/// Which collection an event belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Slice,
+    Claim,
+    Node,
+}
+
+/// Watch event type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as a watch replays it: the object (v1 shape) after the change (for DELETED,
+/// the last state with the deletion's resourceVersion).
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub rv: u64,
+    pub kind: Kind,
+    pub kind_type: EventType,
+    pub object: Value,
+}
+
+/// One served HTTP request, as recorded for tests and benchmarks.
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    /// Position in the log (0-based); compare with [`State::request_mark`].
+    pub seq: usize,
+    pub method: http::Method,
+    pub path: String,
+    pub query: Option<String>,
+    /// Kubernetes verb: get, list, watch, create, update, delete, discovery, or "" if unknown.
+    pub verb: &'static str,
+    /// Authenticated user, if any.
+    pub user: Option<String>,
+    pub status: u16,
+    pub request_bytes: usize,
+    /// Bytes of the (non-streaming) response body; for a watch, only its first flush.
+    pub response_bytes: usize,
+    pub at: Instant,
+}
+
+impl RequestRecord {
+    /// Whether the request changed (or tried to change) state.
+    pub fn is_write(&self) -> bool {
+        matches!(self.verb, "create" | "update" | "patch" | "delete")
+    }
+}
+
+/// The whole server state; tests read it through [`super::TestApiServer::wait_for`] and the
+/// accessors on the handle.
+#[derive(Debug)]
+pub struct State {
+    rv: u64,
+    pub(crate) slices: BTreeMap<String, Value>,
+    pub(crate) claims: BTreeMap<(String, String), Value>,
+    pub(crate) nodes: BTreeMap<String, Value>,
+    /// (namespace, claim name) → nodes whose pods use the claim (node authorizer graph).
+    pub(crate) claim_nodes: HashMap<(String, String), HashSet<String>>,
+    history: VecDeque<Event>,
+    history_limit: usize,
+    /// Watches must start at or after this resourceVersion.
+    compacted: u64,
+    pub(crate) log: Vec<RequestRecord>,
+    pub(crate) tokens: HashMap<String, UserInfo>,
+    pub(crate) faults: Vec<Fault>,
+    pub(crate) forbid: Vec<ForbidRule>,
+    pub(crate) node_authorizer: bool,
+    pub(crate) gone_as_http_status: bool,
+}
+
+impl State {
+    pub(crate) fn new(history_limit: usize) -> Self {
+        Self {
+            rv: 1,
+            slices: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            claim_nodes: HashMap::new(),
+            history: VecDeque::new(),
+            history_limit: history_limit.max(1),
+            compacted: 1,
+            log: Vec::new(),
+            tokens: HashMap::new(),
+            faults: Vec::new(),
+            forbid: Vec::new(),
+            node_authorizer: false,
+            gone_as_http_status: false,
+        }
+    }
+
+    /// The current global resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// Oldest resourceVersion a watch may still start from.
+    pub fn compacted_rv(&self) -> u64 {
+        self.compacted
+    }
+
+    /// All slices (v1 shape, with kind/apiVersion), by name.
+    pub fn slices(&self) -> Vec<Value> {
+        self.slices.values().map(|s| with_type(s, "v1", "ResourceSlice")).collect()
+    }
+
+    pub fn slice(&self, name: &str) -> Option<Value> {
+        self.slices.get(name).map(|s| with_type(s, "v1", "ResourceSlice"))
+    }
+
+    /// Slices whose `spec.nodeName` is `node`.
+    pub fn slices_on(&self, node: &str) -> Vec<Value> {
+        self.slices().into_iter().filter(|s| s["spec"]["nodeName"].as_str() == Some(node)).collect()
+    }
+
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.claims.get(&(namespace.to_owned(), name.to_owned())).cloned()
+    }
+
+    /// The request log so far.
+    pub fn requests(&self) -> &[RequestRecord] {
+        &self.log
+    }
+
+    /// Current end of the request log, for [`Self::writes_since`].
+    pub fn request_mark(&self) -> usize {
+        self.log.len()
+    }
+
+    /// Number of logged requests with the Kubernetes verb (`get`, `list`, `watch`, `create`, ...).
+    pub fn count_verb(&self, verb: &str) -> usize {
+        self.log.iter().filter(|r| r.verb == verb).count()
+    }
+
+    /// Write requests (create/update/patch/delete) logged at or after `mark`.
+    pub fn writes_since(&self, mark: usize) -> usize {
+        self.log.iter().skip(mark).filter(|r| r.is_write()).count()
+    }
+
+    pub(crate) fn events_after(&self, rv: u64, kind: Kind) -> impl Iterator<Item = &Event> {
+        self.history.iter().filter(move |e| e.rv > rv && e.kind == kind)
+    }
+
+    /// Forgets history up to now: watches from an older resourceVersion get 410.
+    pub(crate) fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rv;
+    }
+
+    fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn record(&mut self, kind: Kind, kind_type: EventType, object: Value) {
+        let rv = self.rv;
+        self.history.push_back(Event { rv, kind, kind_type, object });
+        while self.history.len() > self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = self.compacted.max(old.rv);
+            }
+        }
+    }
+
+    /// Stamps creation metadata (uid, creationTimestamp, resourceVersion, generation 1).
+    fn stamp_new(&mut self, object: &mut Value) -> u64 {
+        let rv = self.next_rv();
+        let meta = metadata_mut(object);
+        meta.insert("uid".to_owned(), json!(new_uid()));
+        meta.insert("creationTimestamp".to_owned(), json!(now_rfc3339()));
+        meta.insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        meta.insert("generation".to_owned(), json!(1));
+        rv
+    }
+
+    /// Stores a new slice (name already decided) and emits ADDED; returns the stored object.
+    pub(crate) fn create_slice(&mut self, name: &str, mut object: Value) -> Value {
+        strip_type(&mut object);
+        metadata_mut(&mut object).insert("name".to_owned(), json!(name));
+        self.stamp_new(&mut object);
+        self.slices.insert(name.to_owned(), object.clone());
+        self.record(Kind::Slice, EventType::Added, object.clone());
+        object
+    }
+
+    /// Replaces a slice, keeping identity metadata; bumps generation when the spec changed.
+    pub(crate) fn replace_slice(&mut self, name: &str, mut object: Value) -> Option<Value> {
+        let old = self.slices.get(name)?.clone();
+        strip_type(&mut object);
+        let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
+        let generation = if old["spec"] == object["spec"] { generation } else { generation + 1 };
+        let rv = self.next_rv();
+        let meta = metadata_mut(&mut object);
+        for key in ["uid", "creationTimestamp", "name"] {
+            if let Some(v) = old["metadata"].get(key) {
+                meta.insert(key.to_owned(), v.clone());
+            }
+        }
+        meta.insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        meta.insert("generation".to_owned(), json!(generation));
+        self.slices.insert(name.to_owned(), object.clone());
+        self.record(Kind::Slice, EventType::Modified, object.clone());
+        Some(object)
+    }
+
+    pub(crate) fn delete_slice(&mut self, name: &str) -> Option<Value> {
+        let mut object = self.slices.remove(name)?;
+        let rv = self.next_rv();
+        metadata_mut(&mut object).insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        self.record(Kind::Slice, EventType::Deleted, object.clone());
+        Some(object)
+    }
+
+    /// Creates or replaces a claim (v1 shape); keeps the uid if the test did not set one.
+    pub(crate) fn put_claim(&mut self, mut claim: Value) -> Value {
+        strip_type(&mut claim);
+        let ns = claim["metadata"]["namespace"].as_str().unwrap_or("default").to_owned();
+        let name = claim["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let key = (ns.clone(), name);
+        let old = self.claims.get(&key).cloned();
+        let rv = self.next_rv();
+        let meta = metadata_mut(&mut claim);
+        meta.insert("namespace".to_owned(), json!(ns));
+        let old_uid = old.as_ref().and_then(|o| o["metadata"]["uid"].as_str().map(str::to_owned));
+        if !meta.get("uid").is_some_and(Value::is_string) {
+            meta.insert("uid".to_owned(), json!(old_uid.unwrap_or_else(new_uid)));
+        }
+        if !meta.contains_key("creationTimestamp") {
+            meta.insert("creationTimestamp".to_owned(), json!(now_rfc3339()));
+        }
+        meta.insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        meta.entry("generation").or_insert(json!(1));
+        self.claims.insert(key, claim.clone());
+        let kind_type = if old.is_some() { EventType::Modified } else { EventType::Added };
+        self.record(Kind::Claim, kind_type, claim.clone());
+        claim
+    }
+
+    pub(crate) fn delete_claim(&mut self, namespace: &str, name: &str) -> Option<Value> {
+        let mut claim = self.claims.remove(&(namespace.to_owned(), name.to_owned()))?;
+        let rv = self.next_rv();
+        metadata_mut(&mut claim).insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        self.record(Kind::Claim, EventType::Deleted, claim.clone());
+        Some(claim)
+    }
+
+    /// Adds (or returns the existing) Node; returns its uid.
+    pub(crate) fn add_node(&mut self, name: &str) -> String {
+        if let Some(uid) = self.nodes.get(name).and_then(|n| n["metadata"]["uid"].as_str()) {
+            return uid.to_owned();
+        }
+        let mut node = json!({"metadata": {"name": name}, "spec": {}, "status": {}});
+        self.stamp_new(&mut node);
+        let uid = node["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+        self.nodes.insert(name.to_owned(), node.clone());
+        self.record(Kind::Node, EventType::Added, node);
+        uid
+    }
+}
+
+/// A copy of `object` with apiVersion/kind for `version` first, as the real server prints it.
+pub(crate) fn with_type(object: &Value, api_version: &str, kind: &str) -> Value {
+    let api_version = if api_version.contains('/') || kind == "Node" {
+        api_version.to_owned()
+    } else {
+        format!("resource.k8s.io/{api_version}")
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("kind".to_owned(), json!(kind));
+    out.insert("apiVersion".to_owned(), json!(api_version));
+    if let Value::Object(fields) = object {
+        for (k, v) in fields {
+            if k != "kind" && k != "apiVersion" {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+fn strip_type(object: &mut Value) {
+    if let Value::Object(fields) = object {
+        fields.remove("kind");
+        fields.remove("apiVersion");
+    }
+}
+
+/// The `metadata` map of an object, created if missing or not an object.
+pub(crate) fn metadata_mut(object: &mut Value) -> &mut serde_json::Map<String, Value> {
+    if !object.is_object() {
+        *object = json!({});
+    }
+    let fields = match object {
+        Value::Object(fields) => fields,
+        _ => unreachable!("replaced by an object above"),
+    };
+    let meta = fields.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    match meta {
+        Value::Object(m) => m,
+        _ => unreachable!("replaced by an object above"),
+    }
+}
+
+/// A random RFC 4122 version-4 UID in lowercase.
+pub(crate) fn new_uid() -> String {
+    let a = fastrand::u128(..);
+    let a = (a & !(0xf << 76) | (0x4 << 76)) & !(0x3 << 62) | (0x2 << 62);
+    let h = format!("{a:032x}");
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+/// Five random `[a-z0-9]` characters, as `generateName` appends.
+pub(crate) fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    (0..5).map(|_| char::from(ALPHABET[fastrand::usize(..ALPHABET.len())])).collect()
+}
+
+/// Current UTC time as RFC 3339 with second precision (`2026-12-02T10:00:00Z`).
+pub(crate) fn now_rfc3339() -> String {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (Howard Hinnant).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}

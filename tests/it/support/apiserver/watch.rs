@@ -1,0 +1,180 @@
+//! ResourceSlice watch: a streaming body of JSON lines `{"type": ..., "object": ...}`.
+//!
+//! Without `resourceVersion` (or with `0`) the stream starts with ADDED for every matching
+//! slice; with `resourceVersion=N` it replays the history after N, or answers 410 when N is
+//! older than the kept window (an ERROR event on a 200 stream like kube-apiserver, or HTTP
+//! 410 when the server is so configured). Then it follows changes, sends BOOKMARKs with the
+//! current resourceVersion every bookmark interval when `allowWatchBookmarks=true`, and ends
+//! after `timeoutSeconds` (default 1800), on `close_watches`, or when the client goes away.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::Shared;
+use super::authz::Attributes;
+use super::convert::ApiVersion;
+use super::handler::{Call, Reply};
+use super::query::FieldSelector;
+use super::slices::out;
+use super::status::{ApiError, SLICES};
+use super::store::Kind;
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+struct WatchStream {
+    shared: Arc<Shared>,
+    version: ApiVersion,
+    selector: FieldSelector,
+    last_rv: u64,
+    changed: watch::Receiver<u64>,
+    close: watch::Receiver<u64>,
+    deadline: Instant,
+    bookmarks: bool,
+    next_bookmark: Instant,
+    pending: VecDeque<Bytes>,
+    done: bool,
+}
+
+fn line(kind: &str, object: Value) -> Bytes {
+    let mut bytes = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    bytes.push(b'\n');
+    Bytes::from(bytes)
+}
+
+fn expired(requested: u64, oldest: u64) -> ApiError {
+    ApiError::gone(format!("too old resource version: {requested} ({oldest})"))
+}
+
+impl WatchStream {
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(bytes) = self.pending.pop_front() {
+                return Some(bytes);
+            }
+            if self.done {
+                return None;
+            }
+            self.changed.borrow_and_update();
+            self.collect();
+            if !self.pending.is_empty() {
+                continue;
+            }
+            tokio::select! {
+                changed = self.changed.changed() => if changed.is_err() { self.done = true },
+                _ = tokio::time::sleep_until(self.next_bookmark), if self.bookmarks => {
+                    let rv = self.shared.lock().resource_version();
+                    self.last_rv = self.last_rv.max(rv);
+                    let object = json!({
+                        "kind": "ResourceSlice",
+                        "apiVersion": self.version.group_version(),
+                        "metadata": {"resourceVersion": rv.to_string(), "creationTimestamp": null},
+                    });
+                    self.pending.push_back(line("BOOKMARK", object));
+                    self.next_bookmark = Instant::now() + self.shared.opts.bookmark_interval;
+                }
+                _ = tokio::time::sleep_until(self.deadline) => self.done = true,
+                _ = self.close.changed() => self.done = true,
+            }
+        }
+    }
+
+    /// Queues every event after `last_rv` that matches, or a 410 ERROR if they are gone.
+    fn collect(&mut self) {
+        let state = self.shared.lock();
+        if self.last_rv < state.compacted_rv() {
+            let status = expired(self.last_rv, state.compacted_rv()).body;
+            self.pending.push_back(line("ERROR", status));
+            self.done = true;
+            return;
+        }
+        for event in state.events_after(self.last_rv, Kind::Slice) {
+            if self.selector.matches(&event.object) {
+                self.pending.push_back(line(event.kind_type.as_str(), out(self.version, &event.object)));
+            }
+        }
+        self.last_rv = state.resource_version();
+    }
+}
+
+pub(crate) fn start(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiError> {
+    let selector = FieldSelector::parse_for_slices(call.params.get("fieldSelector").map(String::as_str))?;
+    let attrs = Attributes {
+        verb: "watch",
+        resource: SLICES,
+        namespace: None,
+        name: None,
+        selector_node: selector.required_value("spec.nodeName"),
+        existing_node: None,
+        new_node: None,
+        claim_on_node: false,
+    };
+    call.authorize(&attrs)?;
+    let timeout = match call.params.get("timeoutSeconds") {
+        None => DEFAULT_TIMEOUT,
+        Some(raw) => Duration::from_secs(
+            raw.parse().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {raw:?}")))?,
+        ),
+    };
+    let requested = match call.params.get("resourceVersion").map(String::as_str) {
+        None | Some("" | "0") => None,
+        Some(raw) => Some(
+            raw.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version {raw:?}: must be an integer")))?,
+        ),
+    };
+    let shared = call.shared.clone();
+    let mut changed = shared.changed.subscribe();
+    changed.borrow_and_update();
+    let mut pending = VecDeque::new();
+    let mut done = false;
+    let last_rv = {
+        let state = shared.lock();
+        match requested {
+            None => {
+                for slice in state.slices.values().filter(|s| selector.matches(s)) {
+                    pending.push_back(line("ADDED", out(version, slice)));
+                }
+                state.resource_version()
+            }
+            Some(rv) if rv < state.compacted_rv() => {
+                let err = expired(rv, state.compacted_rv());
+                if state.gone_as_http_status {
+                    return Err(err);
+                }
+                pending.push_back(line("ERROR", err.body));
+                done = true;
+                rv
+            }
+            Some(rv) => rv,
+        }
+    };
+    let now = Instant::now();
+    let watch = WatchStream {
+        close: shared.close_watches.subscribe(),
+        bookmarks: call.params.get("allowWatchBookmarks").is_some_and(|v| v == "true" || v == "1"),
+        next_bookmark: now + shared.opts.bookmark_interval,
+        deadline: now + timeout,
+        shared,
+        version,
+        selector,
+        last_rv,
+        changed,
+        pending,
+        done,
+    };
+    let frames = stream::unfold(watch, |mut watch| async move {
+        let bytes = watch.next().await?;
+        Some((Ok::<_, Infallible>(Frame::data(bytes)), watch))
+    });
+    Ok(Reply::Stream(BodyExt::boxed_unsync(StreamBody::new(frames))))
+}
