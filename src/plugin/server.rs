@@ -22,7 +22,7 @@ use super::proto::dra_v1::dra_plugin_server::DraPluginServer as DraV1Server;
 use super::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as DraV1beta1Server;
 use super::proto::registration::registration_server::RegistrationServer;
 use super::registration::{RegistrationService, RegistrationState};
-use super::socket::{self, BoundSocket, FileId};
+use super::socket::{self, BoundSocket, Connections, FileId};
 use crate::config::Paths;
 
 /// How long to wait, after the grace period, for aborted calls and connections to end.
@@ -35,6 +35,7 @@ struct Served {
     file: FileId,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    connections: Arc<Connections>,
 }
 
 /// The kubelet plugin: the DRA socket and the registration socket, both being served.
@@ -154,8 +155,13 @@ impl PluginServer {
             self.inflight.abort_all();
             let _ = tokio::time::timeout(FORCE_CLOSE_WAIT, self.inflight.idle()).await;
             for s in &mut served {
-                if !s.task.is_finished() && tokio::time::timeout(FORCE_CLOSE_WAIT, &mut s.task).await.is_err() {
-                    tracing::warn!(socket = s.name, "connections did not close; dropping them");
+                if s.task.is_finished() {
+                    continue;
+                }
+                let closed = s.connections.close_all();
+                tracing::warn!(socket = s.name, connections = closed, "closing connections still open");
+                if tokio::time::timeout(FORCE_CLOSE_WAIT, &mut s.task).await.is_err() {
+                    tracing::warn!(socket = s.name, "the server did not stop; abandoning it");
                     s.task.abort();
                 }
             }
@@ -176,6 +182,7 @@ impl Drop for PluginServer {
         self.inflight.abort_all();
         for s in self.served.drain(..) {
             s.task.abort();
+            s.connections.close_all();
             socket::remove_own(&s.path, s.file);
         }
     }
@@ -195,14 +202,15 @@ where
     use futures_util::{FutureExt, StreamExt};
     let BoundSocket { path, listener, file } = bound;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let incoming = socket::incoming(listener, path.clone()).boxed();
+    let connections = Arc::new(Connections::default());
+    let incoming = socket::incoming(listener, path.clone(), Arc::clone(&connections)).boxed();
     let stop = stop_rx.map(|_| ()).boxed();
     let task = tokio::spawn(async move {
         if let Err(e) = run(incoming, stop).await {
             tracing::error!(socket = name, error = %e, "serving the plugin socket failed");
         }
     });
-    Served { name, path, file, stop: Some(stop_tx), task }
+    Served { name, path, file, stop: Some(stop_tx), task, connections }
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, PluginError> {

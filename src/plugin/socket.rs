@@ -7,11 +7,17 @@
 
 use std::fs::{self, DirBuilder, Permissions};
 use std::io;
+use std::net::Shutdown;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::server::Connected;
 
@@ -99,28 +105,102 @@ pub(crate) fn remove_own(path: &Path, file: FileId) {
     }
 }
 
-/// An accepted connection with the incoming `:authority` rewritten.
-pub type PluginStream = AuthorityFix<UnixStream>;
+/// An accepted connection: the incoming `:authority` rewritten, and closable from
+/// outside through [`Connections::close_all`].
+pub struct PluginStream {
+    io: AuthorityFix<UnixStream>,
+    /// A duplicate of the socket; closed with this stream, so only a weak reference in
+    /// [`Connections`] outlives it.
+    _handle: Arc<StdUnixStream>,
+}
 
-impl Connected for AuthorityFix<UnixStream> {
+impl Connected for PluginStream {
     type ConnectInfo = <UnixStream as Connected>::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.get_ref().connect_info()
+        self.io.get_ref().connect_info()
     }
 }
 
-/// The accepted connections of `listener`, each wrapped in [`AuthorityFix`].
-pub(crate) fn incoming(listener: UnixListener, path: PathBuf) -> impl Stream<Item = io::Result<PluginStream>> {
-    futures_util::stream::unfold((listener, path), |(listener, path)| async move {
-        let next = match listener.accept().await {
-            Ok((stream, _)) => Ok(AuthorityFix::new(stream)),
+impl AsyncRead for PluginStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PluginStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// The open connections of one socket, so they can be closed when the grace period
+/// is over (the HTTP/2 server runs each connection as its own task).
+#[derive(Debug, Default)]
+pub(crate) struct Connections {
+    open: Mutex<Vec<Weak<StdUnixStream>>>,
+}
+
+impl Connections {
+    fn track(&self, stream: UnixStream) -> io::Result<PluginStream> {
+        let std = stream.into_std()?;
+        let handle = Arc::new(std.try_clone()?);
+        let stream = UnixStream::from_std(std)?;
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|c| c.strong_count() > 0);
+        open.push(Arc::downgrade(&handle));
+        Ok(PluginStream { io: AuthorityFix::new(stream), _handle: handle })
+    }
+
+    /// Shuts down every open connection in both directions; the server sees the peer
+    /// gone and drops the connection.
+    pub(crate) fn close_all(&self) -> usize {
+        let open = std::mem::take(&mut *self.open.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut closed = 0;
+        for conn in open.iter().filter_map(Weak::upgrade) {
+            if conn.shutdown(Shutdown::Both).is_ok() {
+                closed += 1;
+            }
+        }
+        closed
+    }
+}
+
+/// The accepted connections of `listener`, each wrapped and tracked in `connections`.
+pub(crate) fn incoming(
+    listener: UnixListener,
+    path: PathBuf,
+    connections: Arc<Connections>,
+) -> impl Stream<Item = io::Result<PluginStream>> {
+    futures_util::stream::unfold((listener, path, connections), |(listener, path, connections)| async move {
+        let next = match listener.accept().await.and_then(|(stream, _)| connections.track(stream)) {
+            Ok(stream) => Ok(stream),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "accepting a connection failed");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 Err(e)
             }
         };
-        Some((next, (listener, path)))
+        Some((next, (listener, path, connections)))
     })
 }

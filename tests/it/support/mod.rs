@@ -1,2 +1,3 @@
 //! Test doubles and helpers shared by the integration tests and the benchmarks.
 #![allow(dead_code)]
+pub mod kubelet;
