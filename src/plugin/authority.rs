@@ -68,7 +68,7 @@ pub enum RewriteError {
         /// The offending frame's stream.
         stream: u32,
     },
-    /// A header block grew beyond [`MAX_HEADER_BLOCK`] bytes.
+    /// A header block grew beyond 1 MiB.
     #[error("HTTP/2 header block on stream {stream} is larger than {MAX_HEADER_BLOCK} bytes")]
     BlockTooLarge {
         /// The block's stream.

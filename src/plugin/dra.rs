@@ -78,6 +78,8 @@ impl<H: DraHandler> DraCalls<H> {
             })?;
             let mut outcomes = checked.errors;
             if !checked.valid.is_empty() {
+                let uids: Vec<&str> = checked.valid.iter().map(|c| c.uid.as_str()).collect();
+                tracing::debug!(?uids, "calling the claim handler");
                 let work = run(Arc::clone(&self.handler), checked.valid.clone()).in_current_span();
                 let mut handled = self.inflight.spawn(id, work).await.map_err(join_status)?;
                 for claim in checked.valid {

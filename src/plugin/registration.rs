@@ -50,7 +50,7 @@ impl RegistrationService {
 #[tonic::async_trait]
 impl Registration for RegistrationService {
     async fn get_info(&self, _request: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
-        tracing::debug!(driver = %self.driver, endpoint = %self.endpoint, "kubelet asked for plugin info");
+        tracing::info!(driver = %self.driver, endpoint = %self.endpoint, "the kubelet asked for the plugin info");
         Ok(Response::new(PluginInfo {
             r#type: PLUGIN_TYPE.to_string(),
             name: self.driver.clone(),

@@ -105,8 +105,8 @@ pub(crate) fn remove_own(path: &Path, file: FileId) {
     }
 }
 
-/// An accepted connection: the incoming `:authority` rewritten, and closable from
-/// outside through [`Connections::close_all`].
+/// An accepted connection: the incoming `:authority` rewritten (see [`AuthorityFix`]),
+/// and closable by the server when the shutdown grace period is over.
 pub struct PluginStream {
     io: AuthorityFix<UnixStream>,
     /// A duplicate of the socket; closed with this stream, so only a weak reference in
