@@ -3,8 +3,12 @@
 
 use std::error::Error;
 
-const PROTOS: &[&str] =
-    &["proto/dra/v1/api.proto", "proto/dra/v1beta1/api.proto", "proto/pluginregistration/v1/api.proto"];
+const PROTOS: &[&str] = &[
+    "proto/dra/v1/api.proto",
+    "proto/dra/v1beta1/api.proto",
+    "proto/pluginregistration/v1/api.proto",
+    "proto/dra-health/v1alpha1/api.proto",
+];
 
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=proto");

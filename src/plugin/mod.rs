@@ -1,7 +1,9 @@
-//! The kubelet's gRPC APIs on Unix sockets: plugin registration and DRAPlugin v1/v1beta1.
+//! The kubelet's gRPC APIs on Unix sockets: plugin registration, DRAPlugin v1/v1beta1 and
+//! the DRAResourceHealth stream.
 //!
 //! [`PluginServer::start`] serves the DRA socket (both DRAPlugin versions, answered by a
-//! [`DraHandler`]) and then the registration socket; the kubelet's verdict is published
+//! [`DraHandler`], and with [`PluginServer::start_with_health`] the device health stream)
+//! and then the registration socket; the kubelet's verdict is published
 //! as a [`RegistrationState`]; [`PluginServer::shutdown`] drains and removes the sockets.
 //! Every accepted connection goes through [`authority::AuthorityFix`], which makes the
 //! kubelet's registration dial (whose `:authority` is a socket path) acceptable to the
@@ -13,6 +15,7 @@ use std::path::PathBuf;
 pub mod authority;
 mod dra;
 pub mod handler;
+mod health;
 mod inflight;
 pub mod proto;
 mod registration;
@@ -20,6 +23,7 @@ mod server;
 mod socket;
 
 pub use handler::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
+pub use health::{DeviceHealth, HEALTH_SERVICE, Health, HealthList};
 pub use registration::{PLUGIN_TYPE, RegistrationState, SUPPORTED_VERSIONS};
 pub use server::PluginServer;
 pub use socket::PluginStream;

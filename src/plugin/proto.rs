@@ -22,3 +22,9 @@ pub mod registration {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]
     tonic::include_proto!("pluginregistration");
 }
+
+/// `v1alpha1`: the DRAResourceHealth device health stream (kubelet 1.34+).
+pub mod health_v1alpha1 {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    tonic::include_proto!("v1alpha1");
+}

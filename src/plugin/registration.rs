@@ -37,13 +37,19 @@ impl RegistrationState {
 pub(crate) struct RegistrationService {
     driver: String,
     endpoint: String,
+    versions: Vec<String>,
     state: watch::Sender<RegistrationState>,
 }
 
 impl RegistrationService {
-    /// A service announcing `driver` with the DRA socket at `endpoint` (an absolute path).
-    pub(crate) fn new(driver: String, endpoint: String, state: watch::Sender<RegistrationState>) -> Self {
-        RegistrationService { driver, endpoint, state }
+    /// A service announcing `driver` with the DRA socket at `endpoint` (an absolute path)
+    /// serving the DRAPlugin versions and, with `health`, the health service.
+    pub(crate) fn new(driver: String, endpoint: String, health: bool, state: watch::Sender<RegistrationState>) -> Self {
+        let mut versions: Vec<String> = SUPPORTED_VERSIONS.iter().map(|v| (*v).to_string()).collect();
+        if health {
+            versions.push(super::health::HEALTH_SERVICE.to_string());
+        }
+        RegistrationService { driver, endpoint, versions, state }
     }
 }
 
@@ -55,7 +61,7 @@ impl Registration for RegistrationService {
             r#type: PLUGIN_TYPE.to_string(),
             name: self.driver.clone(),
             endpoint: self.endpoint.clone(),
-            supported_versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_string()).collect(),
+            supported_versions: self.versions.clone(),
         }))
     }
 

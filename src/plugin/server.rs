@@ -1,6 +1,7 @@
 //! Running the two plugin sockets: start order, registration state, and shutdown.
 //!
-//! The DRA socket (`<plugins dir>/<driver>/dra.sock`, DRAPlugin v1 and v1beta1) is bound
+//! The DRA socket (`<plugins dir>/<driver>/dra.sock`: DRAPlugin v1 and v1beta1, and
+//! optionally the DRAResourceHealth stream) is bound
 //! and served first, then the registration socket (`<registry dir>/<driver>-reg.sock`),
 //! so the endpoint is ready when the kubelet reacts to the registration socket. Shutdown
 //! stops accepting on both, lets calls in flight finish within a grace period, aborts
@@ -17,9 +18,11 @@ use tonic::transport::Server;
 use super::PluginError;
 use super::dra::{DraCalls, DraV1, DraV1beta1};
 use super::handler::DraHandler;
+use super::health::{HealthList, HealthService};
 use super::inflight::InFlight;
 use super::proto::dra_v1::dra_plugin_server::DraPluginServer as DraV1Server;
 use super::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as DraV1beta1Server;
+use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer;
 use super::proto::registration::registration_server::RegistrationServer;
 use super::registration::{RegistrationService, RegistrationState};
 use super::socket::{self, BoundSocket, Connections, FileId};
@@ -44,6 +47,8 @@ pub struct PluginServer {
     registration_socket: PathBuf,
     registration: watch::Receiver<RegistrationState>,
     inflight: Arc<InFlight>,
+    /// Set at shutdown: ends the health streams, which would otherwise never finish.
+    stopping: watch::Sender<bool>,
     /// Registration first, so shutdown waits on it first.
     served: Vec<Served>,
 }
@@ -64,6 +69,26 @@ impl PluginServer {
     /// replaces stale sockets of its own names, and refuses to touch anything else at
     /// those paths.
     pub fn start<H: DraHandler>(paths: &Paths, driver: &str, handler: Arc<H>) -> Result<PluginServer, PluginError> {
+        Self::start_inner(paths, driver, handler, None)
+    }
+
+    /// Like [`PluginServer::start`], and also serves `v1alpha1.DRAResourceHealth` from
+    /// `health` (complete device lists) and advertises it to the kubelet.
+    pub fn start_with_health<H: DraHandler>(
+        paths: &Paths,
+        driver: &str,
+        handler: Arc<H>,
+        health: watch::Receiver<HealthList>,
+    ) -> Result<PluginServer, PluginError> {
+        Self::start_inner(paths, driver, handler, Some(health))
+    }
+
+    fn start_inner<H: DraHandler>(
+        paths: &Paths,
+        driver: &str,
+        handler: Arc<H>,
+        health: Option<watch::Receiver<HealthList>>,
+    ) -> Result<PluginServer, PluginError> {
         crate::config::validate_driver_name(driver)
             .map_err(|reason| PluginError::InvalidDriverName { name: driver.to_string(), reason })?;
         let dra_path = absolute(&paths.dra_socket(driver))?;
@@ -76,13 +101,17 @@ impl PluginServer {
         let dra_socket = socket::bind(&dra_path)?;
         let inflight = InFlight::new();
         let calls = DraCalls::new(handler, Arc::clone(&inflight));
+        let (stopping, stopping_rx) = watch::channel(false);
+        let serves_health = health.is_some();
+        let health = health.map(|source| DraResourceHealthServer::new(HealthService::new(source, stopping_rx)));
         let dra_router = Server::builder()
             .add_service(DraV1Server::new(DraV1(Arc::clone(&calls))))
-            .add_service(DraV1beta1Server::new(DraV1beta1(calls)));
+            .add_service(DraV1beta1Server::new(DraV1beta1(calls)))
+            .add_optional_service(health);
         let dra = serve("dra", dra_socket, move |incoming, stop| async move {
             dra_router.serve_with_incoming_shutdown(incoming, stop).await
         });
-        tracing::info!(path = %dra_path.display(), "serving DRAPlugin v1 and v1beta1");
+        tracing::info!(path = %dra_path.display(), health = serves_health, "serving DRAPlugin v1 and v1beta1");
 
         let (state_tx, registration) = watch::channel(RegistrationState::Unknown);
         let registered = socket::prepare_dir(&paths.registry_dir, false).and_then(|()| socket::bind(&reg_path));
@@ -94,12 +123,13 @@ impl PluginServer {
                     registration_socket: reg_path,
                     registration,
                     inflight,
+                    stopping,
                     served: vec![dra],
                 });
                 return Err(e);
             }
         };
-        let service = RegistrationService::new(driver.to_string(), endpoint, state_tx);
+        let service = RegistrationService::new(driver.to_string(), endpoint, serves_health, state_tx);
         let reg_router = Server::builder().add_service(RegistrationServer::new(service));
         let reg = serve("registration", reg_socket, move |incoming, stop| async move {
             reg_router.serve_with_incoming_shutdown(incoming, stop).await
@@ -111,6 +141,7 @@ impl PluginServer {
             registration_socket: reg_path,
             registration,
             inflight,
+            stopping,
             served: vec![reg, dra],
         })
     }
@@ -134,6 +165,7 @@ impl PluginServer {
     /// aborts the rest and removes both sockets.
     pub async fn shutdown(mut self, grace: Duration) {
         let mut served = std::mem::take(&mut self.served);
+        self.stopping.send_replace(true);
         for s in &mut served {
             if let Some(stop) = s.stop.take() {
                 let _ = stop.send(());
@@ -179,6 +211,7 @@ impl Drop for PluginServer {
         if self.served.is_empty() {
             return;
         }
+        self.stopping.send_replace(true);
         self.inflight.abort_all();
         for s in self.served.drain(..) {
             s.task.abort();

@@ -4,6 +4,7 @@
 //! code under test is the gRPC layer.
 
 mod dra;
+mod health;
 mod registration;
 mod sockets;
 

@@ -17,6 +17,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use edra::plugin::proto::dra_v1::dra_plugin_client::DraPluginClient as V1Client;
 use edra::plugin::proto::dra_v1beta1::dra_plugin_client::DraPluginClient as V1beta1Client;
+use edra::plugin::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient as HealthClient;
 use edra::plugin::proto::registration::registration_client::RegistrationClient;
 use edra::plugin::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
 
@@ -39,6 +40,11 @@ pub async fn dra_v1(path: &Path) -> V1Client<Channel> {
 /// A DRAPlugin v1beta1 client on the DRA socket.
 pub async fn dra_v1beta1(path: &Path) -> V1beta1Client<Channel> {
     V1beta1Client::new(channel(path).await.expect("connect to the DRA socket"))
+}
+
+/// A DRAResourceHealth v1alpha1 client on the DRA socket.
+pub async fn health_v1alpha1(path: &Path) -> HealthClient<Channel> {
+    HealthClient::new(channel(path).await.expect("connect to the DRA socket"))
 }
 
 /// A Registration client on the registration socket.
