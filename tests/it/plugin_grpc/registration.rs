@@ -96,6 +96,11 @@ async fn many_kubelet_style_calls_share_one_connection() {
         let info: PluginInfo = raw.get_info(&authority).await.unwrap_or_else(|e| panic!("call {i}: {e:?}"));
         assert_eq!(info.r#type, "DRAPlugin");
     }
+    // A header block near the server's 16 KiB limit, sent in CONTINUATION frames.
+    let large = "x".repeat(15_000);
+    let method = "/pluginregistration.Registration/GetInfo";
+    let outcome = raw.unary_with(&authority, method, &[], &[("x-large", &large)], 4096).await.unwrap();
+    assert!(matches!(&outcome, RawOutcome::Answer { grpc_status: Some(code), .. } if code == "0"), "{outcome:?}");
     drop(raw);
     // The DRA socket goes through the same fix.
     let mut raw = RawH2::connect(&dirs.dra_socket()).await.unwrap();

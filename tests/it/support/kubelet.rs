@@ -113,6 +113,19 @@ impl RawH2 {
 
     /// One unary gRPC call with the given `:authority`.
     pub async fn unary(&mut self, authority: &str, method: &str, message: &[u8]) -> std::io::Result<RawOutcome> {
+        self.unary_with(authority, method, message, &[], usize::MAX).await
+    }
+
+    /// One unary gRPC call with extra header fields, its header block sent in frames of
+    /// at most `frame_size` bytes (HEADERS, then CONTINUATION frames).
+    pub async fn unary_with(
+        &mut self,
+        authority: &str,
+        method: &str,
+        message: &[u8],
+        extra: &[(&str, &str)],
+        frame_size: usize,
+    ) -> std::io::Result<RawOutcome> {
         let id = self.next_stream;
         self.next_stream += 2;
         let mut block = Vec::new();
@@ -127,10 +140,20 @@ impl RawH2 {
         ] {
             literal(&mut block, name.as_bytes(), value.as_bytes());
         }
+        for (name, value) in extra {
+            literal(&mut block, name.as_bytes(), value.as_bytes());
+        }
         let mut body = vec![0];
         body.extend((message.len() as u32).to_be_bytes());
         body.extend(message);
-        let mut out = frame(HEADERS, END_HEADERS, id, &block);
+        let mut out = Vec::new();
+        let mut chunks = block.chunks(frame_size.min(16_384)).peekable();
+        let mut kind = HEADERS;
+        while let Some(chunk) = chunks.next() {
+            let flags = if chunks.peek().is_none() { END_HEADERS } else { 0 };
+            out.extend(frame(kind, flags, id, chunk));
+            kind = CONTINUATION;
+        }
         out.extend(frame(DATA, END_STREAM, id, &body));
         self.stream.write_all(&out).await?;
         self.read_answer(id).await
