@@ -153,3 +153,17 @@ async fn connections_left_open_are_closed_after_the_grace_period() {
     tokio::time::timeout(Duration::from_secs(5), raw.wait_closed()).await.expect("the server closed the connection");
     assert!(!exists(&dirs.registration_socket()));
 }
+
+#[tokio::test]
+async fn unusable_driver_names_and_socket_paths_are_refused() {
+    let dirs = Dirs::new();
+    let err = PluginServer::start(&dirs.paths, "../escape", TestHandler::new()).unwrap_err();
+    assert!(matches!(err, PluginError::InvalidDriverName { .. }), "{err:?}");
+    assert!(!dirs.paths.plugins_dir.exists(), "nothing is created for a bad name");
+
+    let mut paths = dirs.paths.clone();
+    paths.plugins_dir = dirs.tmp.path().join("p".repeat(100));
+    let err = PluginServer::start(&paths, DRIVER, TestHandler::new()).unwrap_err();
+    assert!(matches!(err, PluginError::SocketPathTooLong { max: 107, .. }), "{err:?}");
+    assert!(err.to_string().contains("longer than 107 bytes"), "{err}");
+}
