@@ -151,6 +151,12 @@ impl PluginServer {
         self.registration.clone()
     }
 
+    /// Whether both sockets are still being served (for readiness): false once a server
+    /// stopped unexpectedly.
+    pub fn is_serving(&self) -> bool {
+        !self.served.is_empty() && self.served.iter().all(|s| !s.task.is_finished())
+    }
+
     /// The absolute path of the DRA socket (the endpoint given to the kubelet).
     pub fn dra_socket(&self) -> &Path {
         &self.dra_socket

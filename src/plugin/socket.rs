@@ -74,6 +74,8 @@ pub(crate) fn bind(path: &Path) -> Result<BoundSocket, PluginError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(source) => return Err(PluginError::Inspect { path: path.to_path_buf(), source }),
     }
+    // Until the chmod below the socket has the umask's mode; its directory (0750, or the
+    // kubelet's own) keeps other users out in the meantime.
     let listener = UnixListener::bind(path).map_err(|source| PluginError::Bind { path: path.to_path_buf(), source })?;
     let bound = (|| {
         fs::set_permissions(path, Permissions::from_mode(0o600))?;

@@ -29,6 +29,8 @@ async fn get_info_describes_the_dra_endpoint() {
     assert!(Path::new(&info.endpoint).is_absolute());
     assert_eq!(info.supported_versions, vec!["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
     assert_eq!(server.dra_socket(), dirs.dra_socket());
+    assert_eq!(server.registration_socket(), dirs.registration_socket());
+    assert!(server.is_serving());
     server.shutdown(std::time::Duration::from_secs(5)).await;
 }
 
