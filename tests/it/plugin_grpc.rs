@@ -102,7 +102,13 @@ impl DraHandler for TestHandler {
         self.calls.lock().unwrap().push(Call::Unprepare(claims.clone()));
         self.wait_for_gate().await;
         let mut prepared = self.prepared.lock().unwrap();
-        claims.into_iter().map(|c| (prepared.remove(&c.uid).map(|_| c.uid.clone()).unwrap_or(c.uid), Ok(()))).collect()
+        claims
+            .into_iter()
+            .map(|c| {
+                prepared.remove(&c.uid);
+                (c.uid, Ok(()))
+            })
+            .collect()
     }
 }
 
