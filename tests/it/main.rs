@@ -6,4 +6,5 @@ mod apiserver_selftest;
 mod cli_inventory;
 mod inventory_nvml;
 mod kube_client;
+mod plugin_grpc;
 mod support;

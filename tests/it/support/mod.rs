@@ -2,4 +2,5 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod kubelet;
 pub mod nvml;

@@ -1,0 +1,142 @@
+//! The `v1alpha1.DRAResourceHealth` service on the DRA socket: streams the complete device
+//! health list to the kubelet, first at once and then after every change.
+//!
+//! The health source is a `watch` channel of complete lists, so a slow kubelet only ever
+//! sees the newest list. Streams end when the source is dropped or the plugin shuts down
+//! (an open stream would otherwise hold the connection through the shutdown grace
+//! period); the kubelet reopens them every few seconds.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::Stream;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use super::proto::health_v1alpha1 as proto;
+use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealth;
+
+/// The health service name advertised to the kubelet when health is served.
+pub const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+
+/// A device's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Health {
+    /// Not known (e.g. not checked yet).
+    #[default]
+    Unknown,
+    /// Working.
+    Healthy,
+    /// Failing; pods using it should be told.
+    Unhealthy,
+}
+
+/// One device's health, as reported to the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceHealth {
+    /// The device's pool (this node's name).
+    pub pool_name: String,
+    /// The device's name in the pool.
+    pub device_name: String,
+    /// Its health.
+    pub health: Health,
+    /// When the health was last checked.
+    pub last_updated: SystemTime,
+    /// After how long without a report the kubelet should consider the device unknown;
+    /// `None` for the kubelet's default.
+    pub timeout: Option<Duration>,
+    /// Why the device is in this state; empty if nothing to say.
+    pub message: String,
+}
+
+/// The complete health list of the driver's devices on this node.
+pub type HealthList = Arc<Vec<DeviceHealth>>;
+
+type HealthStream = Pin<Box<dyn Stream<Item = Result<proto::NodeWatchResourcesResponse, Status>> + Send>>;
+
+/// The DRAResourceHealth service.
+pub(crate) struct HealthService {
+    source: watch::Receiver<HealthList>,
+    stopping: watch::Receiver<bool>,
+}
+
+impl HealthService {
+    pub(crate) fn new(source: watch::Receiver<HealthList>, stopping: watch::Receiver<bool>) -> Self {
+        HealthService { source, stopping }
+    }
+}
+
+#[tonic::async_trait]
+impl DraResourceHealth for HealthService {
+    type NodeWatchResourcesStream = HealthStream;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<proto::NodeWatchResourcesRequest>,
+    ) -> Result<Response<HealthStream>, Status> {
+        let mut source = self.source.clone();
+        source.mark_changed();
+        tracing::info!("the kubelet opened the device health stream");
+        let stream =
+            futures_util::stream::unfold((source, self.stopping.clone()), |(mut source, mut stopping)| async move {
+                tokio::select! {
+                    changed = source.changed() => {
+                        if changed.is_err() {
+                            tracing::debug!("the health source is gone; ending the health stream");
+                            return None;
+                        }
+                    }
+                    _ = stopping.wait_for(|stop| *stop) => return None,
+                }
+                let list = Arc::clone(&source.borrow_and_update());
+                let answer = proto::NodeWatchResourcesResponse { devices: list.iter().map(to_proto).collect() };
+                Some((Ok(answer), (source, stopping)))
+            });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+fn to_proto(device: &DeviceHealth) -> proto::DeviceHealth {
+    let health = match device.health {
+        Health::Unknown => proto::HealthStatus::Unknown,
+        Health::Healthy => proto::HealthStatus::Healthy,
+        Health::Unhealthy => proto::HealthStatus::Unhealthy,
+    };
+    let seconds = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    proto::DeviceHealth {
+        device: Some(proto::DeviceIdentifier {
+            pool_name: device.pool_name.clone(),
+            device_name: device.device_name.clone(),
+        }),
+        health: health as i32,
+        last_updated_time: device.last_updated.duration_since(UNIX_EPOCH).map(seconds).unwrap_or(0),
+        health_check_timeout_seconds: device.timeout.map(seconds).unwrap_or(0),
+        message: device.message.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_map_onto_the_wire_format() {
+        let device = DeviceHealth {
+            pool_name: "node-a".into(),
+            device_name: "gpu-1".into(),
+            health: Health::Unhealthy,
+            last_updated: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            timeout: Some(Duration::from_secs(45)),
+            message: "XID 79: GPU fell off the bus".into(),
+        };
+        let wire = to_proto(&device);
+        assert_eq!(wire.device.as_ref().map(|d| d.device_name.as_str()), Some("gpu-1"));
+        assert_eq!(wire.health, proto::HealthStatus::Unhealthy as i32);
+        assert_eq!(wire.last_updated_time, 1_700_000_000);
+        assert_eq!(wire.health_check_timeout_seconds, 45);
+        let unknown = to_proto(&DeviceHealth { health: Health::Unknown, timeout: None, ..device });
+        assert_eq!(unknown.health, 0);
+        assert_eq!(unknown.health_check_timeout_seconds, 0);
+    }
+}

@@ -1,0 +1,208 @@
+//! The plugin's Unix socket files: directories, stale-socket cleanup, binding with mode
+//! 0600, the stream of accepted connections (each wrapped in [`AuthorityFix`]), and
+//! removal of edra's own sockets on exit.
+//!
+//! Only a socket at edra's own path is ever removed, and on exit only the very socket
+//! this process bound (same device and inode): another instance may have replaced it.
+
+use std::fs::{self, DirBuilder, Permissions};
+use std::io;
+use std::net::Shutdown;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{UnixListener, UnixStream};
+use tonic::transport::server::Connected;
+
+use super::PluginError;
+use super::authority::AuthorityFix;
+
+/// The longest socket path `AF_UNIX` takes (108 bytes including the terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
+/// Pause after a failed accept (e.g. out of file descriptors) before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A bound listening socket and the identity of its file.
+#[derive(Debug)]
+pub(crate) struct BoundSocket {
+    pub(crate) path: PathBuf,
+    pub(crate) listener: UnixListener,
+    pub(crate) file: FileId,
+}
+
+/// Device and inode of a socket file this process created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+/// Creates `dir` (and missing parents) with mode 0750 if it does not exist. With
+/// `owned`, the directory belongs to edra and its mode is set to 0750 even if it exists.
+pub(crate) fn prepare_dir(dir: &Path, owned: bool) -> Result<(), PluginError> {
+    let failed = |source| PluginError::CreateDir { path: dir.to_path_buf(), source };
+    DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(failed)?;
+    if owned {
+        fs::set_permissions(dir, Permissions::from_mode(0o750)).map_err(failed)?;
+    } else if let Ok(meta) = fs::metadata(dir)
+        && meta.mode() & 0o007 != 0
+    {
+        tracing::warn!(path = %dir.display(), mode = format!("{:o}", meta.mode() & 0o7777), "directory is accessible to every user");
+    }
+    Ok(())
+}
+
+/// Binds a listening socket at `path`, replacing a stale socket of that name; anything
+/// else at the path is an error and is left alone.
+pub(crate) fn bind(path: &Path) -> Result<BoundSocket, PluginError> {
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(PluginError::SocketPathTooLong { path: path.to_path_buf(), max: MAX_SOCKET_PATH });
+    }
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            tracing::info!(path = %path.display(), "removing a stale socket left by an earlier run");
+            fs::remove_file(path).map_err(|source| PluginError::RemoveStale { path: path.to_path_buf(), source })?;
+        }
+        Ok(_) => return Err(PluginError::NotASocket { path: path.to_path_buf() }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => return Err(PluginError::Inspect { path: path.to_path_buf(), source }),
+    }
+    // Until the chmod below the socket has the umask's mode; its directory (0750, or the
+    // kubelet's own) keeps other users out in the meantime.
+    let listener = UnixListener::bind(path).map_err(|source| PluginError::Bind { path: path.to_path_buf(), source })?;
+    let bound = (|| {
+        fs::set_permissions(path, Permissions::from_mode(0o600))?;
+        fs::symlink_metadata(path)
+    })();
+    match bound {
+        Ok(meta) => {
+            Ok(BoundSocket { path: path.to_path_buf(), listener, file: FileId { dev: meta.dev(), ino: meta.ino() } })
+        }
+        Err(source) => {
+            let _ = fs::remove_file(path);
+            Err(PluginError::Chmod { path: path.to_path_buf(), source })
+        }
+    }
+}
+
+/// Removes the socket file at `path` if it is still the one this process bound.
+pub(crate) fn remove_own(path: &Path, file: FileId) {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() && FileId { dev: meta.dev(), ino: meta.ino() } == file => {
+            match fs::remove_file(path) {
+                Ok(()) => tracing::debug!(path = %path.display(), "removed socket"),
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not remove own socket"),
+            }
+        }
+        Ok(_) => tracing::warn!(path = %path.display(), "socket path now belongs to someone else; leaving it"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not inspect own socket"),
+    }
+}
+
+/// An accepted connection: the incoming `:authority` rewritten (see [`AuthorityFix`]),
+/// and closable by the server when the shutdown grace period is over.
+pub struct PluginStream {
+    io: AuthorityFix<UnixStream>,
+    /// A duplicate of the socket; closed with this stream, so only a weak reference in
+    /// [`Connections`] outlives it.
+    _handle: Arc<StdUnixStream>,
+}
+
+impl Connected for PluginStream {
+    type ConnectInfo = <UnixStream as Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.get_ref().connect_info()
+    }
+}
+
+impl AsyncRead for PluginStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PluginStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// The open connections of one socket, so they can be closed when the grace period
+/// is over (the HTTP/2 server runs each connection as its own task).
+#[derive(Debug, Default)]
+pub(crate) struct Connections {
+    open: Mutex<Vec<Weak<StdUnixStream>>>,
+}
+
+impl Connections {
+    fn track(&self, stream: UnixStream) -> io::Result<PluginStream> {
+        let std = stream.into_std()?;
+        let handle = Arc::new(std.try_clone()?);
+        let stream = UnixStream::from_std(std)?;
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|c| c.strong_count() > 0);
+        open.push(Arc::downgrade(&handle));
+        Ok(PluginStream { io: AuthorityFix::new(stream), _handle: handle })
+    }
+
+    /// Shuts down every open connection in both directions; the server sees the peer
+    /// gone and drops the connection.
+    pub(crate) fn close_all(&self) -> usize {
+        let open = std::mem::take(&mut *self.open.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut closed = 0;
+        for conn in open.iter().filter_map(Weak::upgrade) {
+            if conn.shutdown(Shutdown::Both).is_ok() {
+                closed += 1;
+            }
+        }
+        closed
+    }
+}
+
+/// The accepted connections of `listener`, each wrapped and tracked in `connections`.
+pub(crate) fn incoming(
+    listener: UnixListener,
+    path: PathBuf,
+    connections: Arc<Connections>,
+) -> impl Stream<Item = io::Result<PluginStream>> {
+    futures_util::stream::unfold((listener, path, connections), |(listener, path, connections)| async move {
+        let next = match listener.accept().await.and_then(|(stream, _)| connections.track(stream)) {
+            Ok(stream) => Ok(stream),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "accepting a connection failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                Err(e)
+            }
+        };
+        Some((next, (listener, path, connections)))
+    })
+}

@@ -1,0 +1,179 @@
+//! DRAPlugin v1 and v1beta1: round trips, many claims, concurrency, request checks.
+
+use std::time::Duration;
+
+use edra::plugin::ClaimRef;
+use edra::plugin::proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
+use tonic::Code;
+
+use super::{Call, Dirs, TestHandler, claim};
+use crate::support::kubelet;
+
+const GRACE: Duration = Duration::from_secs(5);
+
+fn v1_claims(claims: &[ClaimRef]) -> Vec<v1::Claim> {
+    claims
+        .iter()
+        .map(|c| v1::Claim { namespace: c.namespace.clone(), uid: c.uid.clone(), name: c.name.clone() })
+        .collect()
+}
+
+fn v1beta1_claims(claims: &[ClaimRef]) -> Vec<v1beta1::Claim> {
+    claims
+        .iter()
+        .map(|c| v1beta1::Claim { namespace: c.namespace.clone(), uid: c.uid.clone(), name: c.name.clone() })
+        .collect()
+}
+
+#[tokio::test]
+async fn v1_prepare_and_unprepare_round_trip_with_share_id() {
+    let dirs = Dirs::new();
+    let handler = TestHandler::new();
+    let server = dirs.start(handler.clone());
+    let mut client = kubelet::dra_v1(&dirs.dra_socket()).await;
+    let claims = vec![claim(1), claim(2)];
+    let request = v1::NodePrepareResourcesRequest { claims: v1_claims(&claims) };
+    let answer = client.node_prepare_resources(request).await.unwrap().into_inner();
+    assert_eq!(answer.claims.len(), 2);
+    let one = &answer.claims["uid-1"];
+    assert_eq!(one.error, "");
+    assert_eq!(
+        one.devices,
+        vec![v1::Device {
+            request_names: vec!["gpu".into()],
+            pool_name: "node-a".into(),
+            device_name: "gpu-0".into(),
+            cdi_device_ids: vec!["k8s.gpu.edra.dev/gpu=uid-1-gpu-0".into()],
+            share_id: Some("share-uid-1".into()),
+        }]
+    );
+    let request = v1::NodeUnprepareResourcesRequest { claims: v1_claims(&claims) };
+    let answer = client.node_unprepare_resources(request).await.unwrap().into_inner();
+    assert_eq!(answer.claims.len(), 2);
+    assert!(answer.claims.values().all(|c| c.error.is_empty()));
+    assert_eq!(handler.calls(), vec![Call::Prepare(claims.clone()), Call::Unprepare(claims)]);
+    assert!(handler.prepared.lock().unwrap().is_empty());
+    server.shutdown(GRACE).await;
+}
+
+#[tokio::test]
+async fn v1beta1_prepare_and_unprepare_round_trip_without_share_id() {
+    let dirs = Dirs::new();
+    let handler = TestHandler::new();
+    let server = dirs.start(handler.clone());
+    let mut client = kubelet::dra_v1beta1(&dirs.dra_socket()).await;
+    let claims = vec![claim(7)];
+    let request = v1beta1::NodePrepareResourcesRequest { claims: v1beta1_claims(&claims) };
+    let answer = client.node_prepare_resources(request).await.unwrap().into_inner();
+    let devices = &answer.claims["uid-7"].devices;
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].cdi_device_ids, vec!["k8s.gpu.edra.dev/gpu=uid-7-gpu-0".to_string()]);
+    // The v1beta1 wire message has no field 5: decoding it as v1 shows share_id absent.
+    let wire = prost::Message::encode_to_vec(&devices[0]);
+    let as_v1: v1::Device = prost::Message::decode(wire.as_slice()).unwrap();
+    assert_eq!(as_v1.share_id, None);
+    let request = v1beta1::NodeUnprepareResourcesRequest { claims: v1beta1_claims(&claims) };
+    let answer = client.node_unprepare_resources(request).await.unwrap().into_inner();
+    assert_eq!(answer.claims["uid-7"].error, "");
+    assert_eq!(handler.calls(), vec![Call::Prepare(claims.clone()), Call::Unprepare(claims)]);
+    server.shutdown(GRACE).await;
+}
+
+#[tokio::test]
+async fn per_claim_errors_and_missing_answers_are_reported_per_uid() {
+    let dirs = Dirs::new();
+    let handler = TestHandler::new();
+    handler.fail.lock().unwrap().insert("uid-2".into());
+    handler.skip.lock().unwrap().insert("uid-3".into());
+    let server = dirs.start(handler.clone());
+    let mut client = kubelet::dra_v1(&dirs.dra_socket()).await;
+    let request = v1::NodePrepareResourcesRequest { claims: v1_claims(&[claim(1), claim(2), claim(3)]) };
+    let answer = client.node_prepare_resources(request).await.unwrap().into_inner();
+    assert_eq!(answer.claims.len(), 3, "every requested UID is answered");
+    assert_eq!(answer.claims["uid-1"].error, "");
+    assert_eq!(answer.claims["uid-2"].error, "no GPU left for claim uid-2");
+    assert!(answer.claims["uid-2"].devices.is_empty());
+    assert!(answer.claims["uid-3"].error.contains("no result"), "{}", answer.claims["uid-3"].error);
+    server.shutdown(GRACE).await;
+}
+
+#[tokio::test]
+async fn many_claims_in_one_call() {
+    let dirs = Dirs::new();
+    let handler = TestHandler::new();
+    let server = dirs.start(handler.clone());
+    let mut client = kubelet::dra_v1(&dirs.dra_socket()).await;
+    let claims: Vec<_> = (0..500).map(claim).collect();
+    let request = v1::NodePrepareResourcesRequest { claims: v1_claims(&claims) };
+    let answer = client.node_prepare_resources(request).await.unwrap().into_inner();
+    assert_eq!(answer.claims.len(), 500);
+    for c in &claims {
+        assert_eq!(answer.claims[&c.uid].devices[0].cdi_device_ids[0], format!("k8s.gpu.edra.dev/gpu={}-gpu-0", c.uid));
+    }
+    assert_eq!(handler.calls().len(), 1);
+    server.shutdown(GRACE).await;
+}
+
+#[tokio::test]
+async fn concurrent_calls_over_several_connections() {
+    let dirs = Dirs::new();
+    let handler = TestHandler::new();
+    let server = dirs.start(handler.clone());
+    let mut tasks = Vec::new();
+    for conn in 0..4 {
+        let client = kubelet::dra_v1(&dirs.dra_socket()).await;
+        for i in 0..16 {
+            let mut client = client.clone();
+            let c = claim(conn * 100 + i);
+            tasks.push(tokio::spawn(async move {
+                let request = v1::NodePrepareResourcesRequest { claims: v1_claims(std::slice::from_ref(&c)) };
+                let answer = client.node_prepare_resources(request).await.unwrap().into_inner();
+                assert_eq!(answer.claims[&c.uid].error, "");
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(handler.calls().len(), 64);
+    assert_eq!(handler.prepared.lock().unwrap().len(), 64);
+    server.shutdown(GRACE).await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_errors() {
+    let dirs = Dirs::new();
+    let handler = TestHandler::new();
+    let server = dirs.start(handler.clone());
+    let mut client = kubelet::dra_v1(&dirs.dra_socket()).await;
+    let mut beta = kubelet::dra_v1beta1(&dirs.dra_socket()).await;
+
+    let empty = client.node_prepare_resources(v1::NodePrepareResourcesRequest::default()).await.unwrap();
+    assert!(empty.into_inner().claims.is_empty());
+    let empty = beta.node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest::default()).await.unwrap();
+    assert!(empty.into_inner().claims.is_empty());
+
+    let duplicate = v1_claims(&[claim(1), claim(2), claim(1)]);
+    let status =
+        client.node_prepare_resources(v1::NodePrepareResourcesRequest { claims: duplicate }).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("uid-1"), "{}", status.message());
+
+    let mut no_uid = claim(5);
+    no_uid.uid.clear();
+    let request = v1::NodeUnprepareResourcesRequest { claims: v1_claims(&[claim(4), no_uid]) };
+    let status = client.node_unprepare_resources(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("index 1"), "{}", status.message());
+
+    let mut no_namespace = claim(6);
+    no_namespace.namespace.clear();
+    let request = v1beta1::NodePrepareResourcesRequest { claims: v1beta1_claims(&[claim(7), no_namespace]) };
+    let answer = beta.node_prepare_resources(request).await.unwrap().into_inner();
+    assert_eq!(answer.claims["uid-7"].error, "");
+    assert!(answer.claims["uid-6"].error.contains("no namespace"), "{}", answer.claims["uid-6"].error);
+
+    // Only the well-formed claim reached the handler; rejected calls never did.
+    assert_eq!(handler.calls(), vec![Call::Prepare(vec![claim(7)])]);
+    server.shutdown(GRACE).await;
+}
