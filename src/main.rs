@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use edra::cli::{Cli, Command};
+use edra::cli::{Cli, Command, HookCommand};
 use edra::config::Config;
 
 /// EX_USAGE from sysexits.h: the configuration or command line is wrong.
@@ -19,6 +19,17 @@ fn main() -> ExitCode {
         println!("kubelet APIs: v1.DRAPlugin, v1beta1.DRAPlugin; resource.k8s.io: v1, v1beta2, v1beta1");
         return ExitCode::SUCCESS;
     }
+    // Hooks are run by the container runtime, with no edra configuration around them.
+    if let Command::Hook(hook) = &cli.command {
+        let HookCommand::UpdateLdcache(args) = &hook.command;
+        return match edra::hook::update_ldcache(std::io::stdin().lock(), &args.folders, args.ldconfig.as_deref()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("edra hook update-ldcache: {}", edra::app::error_chain(&e));
+                ExitCode::from(e.exit_code())
+            }
+        };
+    }
     let ctx = match cli.load_context() {
         Ok(ctx) => ctx,
         Err(errors) => return config_failure(errors),
@@ -30,7 +41,7 @@ fn main() -> ExitCode {
     edra::telemetry::init(config.log_format, &config.log_level);
     let result = match cli.command {
         Command::Run(_) => edra::app::run_blocking(config),
-        Command::Version => unreachable!("handled above"),
+        Command::Version | Command::Hook(_) => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,6 @@
 use super::*;
-use std::path::Path;
 use std::io::Write;
+use std::path::Path;
 
 fn ctx(file: Option<PathBuf>, env: &[(&str, &str)]) -> LoadContext {
     LoadContext {

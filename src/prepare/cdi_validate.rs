@@ -53,7 +53,9 @@ fn name_part_ok(s: &str) -> bool {
 /// True for a valid CDI kind `vendor/class`.
 pub fn kind_ok(kind: &str) -> bool {
     match kind.split_once('/') {
-        Some((vendor, class)) => vendor.len() <= 253 && class.len() <= 63 && name_part_ok(vendor) && name_part_ok(class),
+        Some((vendor, class)) => {
+            vendor.len() <= 253 && class.len() <= 63 && name_part_ok(vendor) && name_part_ok(class)
+        }
         None => false,
     }
 }
@@ -81,10 +83,10 @@ fn check_edits(edits: &ContainerEdits, at: &str, out: &mut Vec<String>) {
         if n.host_path.as_deref().is_some_and(|h| !abs(h)) {
             out.push(format!("{at}: device node hostPath {:?} is not absolute", n.host_path));
         }
-        if let Some(p) = &n.permissions {
-            if p.is_empty() || !p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
-                out.push(format!("{at}: device node permissions {p:?} are not a combination of r, w and m"));
-            }
+        if let Some(p) = &n.permissions
+            && (p.is_empty() || !p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')))
+        {
+            out.push(format!("{at}: device node permissions {p:?} are not a combination of r, w and m"));
         }
     }
     for m in &edits.mounts {
@@ -113,7 +115,10 @@ pub fn validate(spec: &Spec) -> Vec<String> {
         Some(have) => {
             let need = minimum_version(spec);
             if rank(need).is_some_and(|n| have < n) {
-                out.push(format!("cdiVersion {} is older than {need}, which the spec's features need", spec.cdi_version));
+                out.push(format!(
+                    "cdiVersion {} is older than {need}, which the spec's features need",
+                    spec.cdi_version
+                ));
             }
         }
     }

@@ -188,10 +188,10 @@ pub fn decode(driver: &str, index: usize, params: &serde_json::Value) -> Result<
     if sharing.mps.is_some() && sharing.strategy != Strategy::Mps {
         return Err(invalid("sharing.mps is set but sharing.strategy is not MPS"));
     }
-    if let Some(p) = sharing.mps.as_ref().and_then(|m| m.default_active_thread_percentage) {
-        if !(1..=100).contains(&p) {
-            return Err(invalid("sharing.mps.defaultActiveThreadPercentage must be between 1 and 100"));
-        }
+    if let Some(p) = sharing.mps.as_ref().and_then(|m| m.default_active_thread_percentage)
+        && !(1..=100).contains(&p)
+    {
+        return Err(invalid("sharing.mps.defaultActiveThreadPercentage must be between 1 and 100"));
     }
     Ok(GpuConfig { sharing })
 }
@@ -212,8 +212,13 @@ pub fn claim_requests(claim: &ResourceClaim) -> BTreeSet<String> {
 /// order. Every entry for `driver` is decoded and checked, even one that applies to nothing.
 pub fn resolve(driver: &str, claim: &ResourceClaim, requests: &[&str]) -> Result<Vec<GpuConfig>, ConfigError> {
     let known = claim_requests(claim);
-    let entries: &[DeviceAllocationConfiguration] =
-        claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref()).and_then(|d| d.config.as_deref()).unwrap_or(&[]);
+    let entries: &[DeviceAllocationConfiguration] = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.config.as_deref())
+        .unwrap_or(&[]);
     let mut decoded: Vec<(u8, usize, &[String], GpuConfig)> = Vec::new();
     for (index, entry) in entries.iter().enumerate() {
         let Some(opaque) = entry.opaque.as_ref().filter(|o| o.driver == driver) else { continue };
@@ -235,8 +240,8 @@ pub fn resolve(driver: &str, claim: &ResourceClaim, requests: &[&str]) -> Result
             let base = base_request(req);
             decoded
                 .iter()
-                .filter(|(_, _, names, _)| names.is_empty() || names.iter().any(|n| n == req || n == base))
-                .last()
+                .rev()
+                .find(|(_, _, names, _)| names.is_empty() || names.iter().any(|n| n == req || n == base))
                 .map(|(.., c)| c.clone())
                 .unwrap_or_default()
         })

@@ -12,11 +12,11 @@ pub const ENV: &str = "FAILPOINT_EDRA";
 #[inline]
 pub fn hit(name: &str) {
     #[cfg(debug_assertions)]
-    if let Ok(list) = std::env::var(ENV) {
-        if list.split(',').any(|p| p.trim() == name) {
-            eprintln!("edra: failpoint {name} hit; aborting");
-            std::process::abort();
-        }
+    if let Ok(list) = std::env::var(ENV)
+        && list.split(',').any(|p| p.trim() == name)
+    {
+        eprintln!("edra: failpoint {name} hit; aborting");
+        std::process::abort();
     }
     #[cfg(not(debug_assertions))]
     let _ = name;

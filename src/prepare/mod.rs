@@ -122,7 +122,9 @@ pub enum PrepareError {
     #[error("cannot prepare the claim; check the API server connection and edra's permission to get ResourceClaims")]
     Fetch(#[source] ClaimFetchError),
     /// The claim was deleted and re-created.
-    #[error("ResourceClaim {claim} has UID {found}, not {expected}: the claim was replaced; the kubelet retries with the new one")]
+    #[error(
+        "ResourceClaim {claim} has UID {found}, not {expected}: the claim was replaced; the kubelet retries with the new one"
+    )]
     Replaced {
         /// `namespace/name`.
         claim: String,
@@ -212,7 +214,9 @@ fn now_secs() -> u64 {
 
 /// The boot ID under `proc_root`, or empty when unreadable.
 pub fn read_boot_id(proc_root: &Path) -> String {
-    std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id")).map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn answer(record: &ClaimRecord) -> Vec<PreparedDevice> {
@@ -263,13 +267,15 @@ impl Preparer {
         let inventory = self.inner.inventory.borrow().clone();
         let mut devices = Vec::new();
         for d in &record.devices {
-            let dev = inventory.device(&d.device).ok_or_else(|| PrepareError::UnknownDevice { device: d.device.clone() })?;
+            let dev =
+                inventory.device(&d.device).ok_or_else(|| PrepareError::UnknownDevice { device: d.device.clone() })?;
             if !devices.iter().any(|x: &&crate::inventory::Device| x.name == dev.name) {
                 devices.push(dev);
             }
         }
         let s = &self.inner.settings;
-        let files = self.inner.driver_files.get(&s.driver_root, inventory.driver_version.as_deref().unwrap_or_default());
+        let files =
+            self.inner.driver_files.get(&s.driver_root, inventory.driver_version.as_deref().unwrap_or_default());
         let vendor = s.cdi_vendor();
         let layout = cdi::SpecLayout { vendor: &vendor, dev_root: &s.dev_root, hook_binary: &s.hook_binary };
         let spec = cdi::build_spec(&layout, &record.uid, &devices, &files);
@@ -294,20 +300,19 @@ impl Preparer {
         let _guard = self.inner.locks.lock(&claim.uid).await;
         let store = self.inner.store.clone();
         let uid = claim.uid.clone();
-        if let Some(rec) = blocking(move || store.claim(&uid)).await?? {
-            if rec.phase == Phase::PrepareCompleted {
-                if !rec.cdi_spec_path.exists() {
-                    tracing::info!(claim.uid = %rec.uid, path = %rec.cdi_spec_path.display(), "re-writing a missing CDI spec");
-                    let this = self.clone();
-                    let r = rec.clone();
-                    blocking(move || this.write_spec_of(&r)).await??;
-                }
-                tracing::debug!(claim.uid = %rec.uid, "claim already prepared; answered from state");
-                return Ok(answer(&rec));
+        if let Some(rec) = blocking(move || store.claim(&uid)).await??
+            && rec.phase == Phase::PrepareCompleted
+        {
+            if !rec.cdi_spec_path.exists() {
+                tracing::info!(claim.uid = %rec.uid, path = %rec.cdi_spec_path.display(), "re-writing a missing CDI spec");
+                let this = self.clone();
+                let r = rec.clone();
+                blocking(move || this.write_spec_of(&r)).await??;
             }
+            tracing::debug!(claim.uid = %rec.uid, "claim already prepared; answered from state");
+            return Ok(answer(&rec));
         }
-        let fetched =
-            self.inner.claims.get_claim(&claim.namespace, &claim.name).await.map_err(PrepareError::Fetch)?;
+        let fetched = self.inner.claims.get_claim(&claim.namespace, &claim.name).await.map_err(PrepareError::Fetch)?;
         let inventory = self.inner.inventory.borrow().clone();
         let devices = plan::plan(&self.inner.settings, &claim, &fetched, &inventory)?;
         let record = ClaimRecord {
@@ -386,7 +391,8 @@ impl DraHandler for Preparer {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
         let calls = claims.into_iter().map(|c| async move {
             let uid = c.uid.clone();
-            let span = tracing::info_span!("prepare", claim.uid = %uid, claim.namespace = %c.namespace, claim.name = %c.name);
+            let span =
+                tracing::info_span!("prepare", claim.uid = %uid, claim.namespace = %c.namespace, claim.name = %c.name);
             let r = tracing::Instrument::instrument(self.prepare_one(c), span).await;
             if let Err(e) = &r {
                 tracing::warn!(claim.uid = %uid, error = %message(e), "prepare failed");

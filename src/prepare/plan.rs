@@ -49,7 +49,10 @@ pub fn plan(
     let mut out = Vec::with_capacity(results.len());
     for (r, cfg) in results.into_iter().zip(configs) {
         if cfg.sharing.strategy != Strategy::Exclusive {
-            return Err(PrepareError::UnsupportedSharing { strategy: cfg.sharing.strategy, request: r.request.clone() });
+            return Err(PrepareError::UnsupportedSharing {
+                strategy: cfg.sharing.strategy,
+                request: r.request.clone(),
+            });
         }
         out.push(DeviceRecord {
             request: r.request.clone(),

@@ -69,7 +69,11 @@ impl Preparer {
                 };
                 if orphan {
                     let path = entry.path();
-                    cdi::remove_spec(&path).map_err(|source| PrepareError::Cdi { op: "remove", path: path.clone(), source })?;
+                    cdi::remove_spec(&path).map_err(|source| PrepareError::Cdi {
+                        op: "remove",
+                        path: path.clone(),
+                        source,
+                    })?;
                     tracing::info!(path = %path.display(), "removed an orphaned CDI spec file");
                     report.orphans_removed.push(path);
                 }

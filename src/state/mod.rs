@@ -16,6 +16,7 @@ use std::fs::{DirBuilder, File};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -105,6 +106,8 @@ pub struct Store {
     claims: sled::Tree,
     devices: sled::Tree,
     meta: sled::Tree,
+    /// sled's log file (`db`), kept open for fsync.
+    log: Arc<File>,
 }
 
 impl std::fmt::Debug for Store {
@@ -135,10 +138,20 @@ impl Store {
         let create_err = |source| StateError::CreateDir { dir: dir.to_path_buf(), source };
         DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(create_err)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(create_err)?;
-        let open_err = |source: sled::Error| StateError::Open { dir: dir.to_path_buf(), hint: open_hint(&source), source };
+        let open_err =
+            |source: sled::Error| StateError::Open { dir: dir.to_path_buf(), hint: open_hint(&source), source };
         let db = sled::Config::new().path(dir).open().map_err(open_err)?;
         let tree = |name: &str| db.open_tree(name).map_err(open_err);
-        let store = Store { dir: dir.to_path_buf(), claims: tree("claims")?, devices: tree("devices")?, meta: tree("meta")?, db };
+        let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
+        let log = Arc::new(File::open(dir.join("db")).map_err(sync_err)?);
+        let store = Store {
+            dir: dir.to_path_buf(),
+            claims: tree("claims")?,
+            devices: tree("devices")?,
+            meta: tree("meta")?,
+            db,
+            log,
+        };
         match store.meta.get(META_SCHEMA).map_err(open_err)? {
             Some(v) => {
                 let found = std::str::from_utf8(&v).ok().and_then(|s| s.parse::<u32>().ok()).unwrap_or(u32::MAX);
@@ -151,7 +164,8 @@ impl Store {
             }
         }
         store.make_durable()?;
-        sync_path(dir).map_err(|source| StateError::Sync { dir: dir.to_path_buf(), source })?;
+        sync_path(&dir.join("conf")).map_err(sync_err)?;
+        sync_path(dir).map_err(sync_err)?;
         Ok(store)
     }
 
@@ -160,22 +174,15 @@ impl Store {
         &self.dir
     }
 
-    /// Flushes sled, then fsyncs its files: the only way a change survives a power cut.
+    /// Flushes sled, then fsyncs its log file: the only way a change survives a power cut.
+    /// (`conf` is written once, when the database is created, and synced by [`Store::open`].)
     fn make_durable(&self) -> Result<(), StateError> {
         let sync_err = |source| StateError::Sync { dir: self.dir.clone(), source };
         self.db.flush().map_err(|e| match e {
             sled::Error::Io(io) => sync_err(io),
             other => sync_err(io::Error::other(other.to_string())),
         })?;
-        for name in ["db", "conf"] {
-            let path = self.dir.join(name);
-            match File::open(&path) {
-                Ok(f) => f.sync_all().map_err(sync_err)?,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(sync_err(e)),
-            }
-        }
-        Ok(())
+        self.log.sync_all().map_err(sync_err)
     }
 
     /// The record of claim `uid`, if any.
@@ -209,12 +216,12 @@ impl Store {
         let uid = record.uid.as_bytes();
         let bytes = record::encode_claim(record);
         let result = (&self.claims, &self.devices).transaction(|(claims, devices)| {
-            if let Some(old) = claims.get(uid)? {
-                if let Ok(old) = record::decode_claim(&old) {
-                    for d in old.held_devices() {
-                        if devices.get(d.as_bytes())?.as_deref() == Some(uid) {
-                            devices.remove(d.as_bytes())?;
-                        }
+            if let Some(old) = claims.get(uid)?
+                && let Ok(old) = record::decode_claim(&old)
+            {
+                for d in old.held_devices() {
+                    if devices.get(d.as_bytes())?.as_deref() == Some(uid) {
+                        devices.remove(d.as_bytes())?;
                     }
                 }
             }
@@ -243,8 +250,9 @@ impl Store {
         let key = uid.as_bytes();
         let result = (&self.claims, &self.devices).transaction(|(claims, devices)| {
             let Some(old) = claims.remove(key)? else { return Ok(None) };
-            let old = record::decode_claim(&old)
-                .map_err(|source| ConflictableTransactionError::Abort(StateError::Record { uid: uid.to_string(), source }))?;
+            let old = record::decode_claim(&old).map_err(|source| {
+                ConflictableTransactionError::Abort(StateError::Record { uid: uid.to_string(), source })
+            })?;
             for d in old.held_devices() {
                 if devices.get(d.as_bytes())?.as_deref() == Some(key) {
                     devices.remove(d.as_bytes())?;
