@@ -39,7 +39,7 @@ pub use recover::RecoveryReport;
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimFetchError {
     /// The claim does not exist (any more).
-    #[error("ResourceClaim {namespace}/{name} was not found")]
+    #[error("ResourceClaim {namespace}/{name} was not found; it was deleted, so its pod cannot start")]
     NotFound {
         /// Namespace.
         namespace: String,
@@ -47,7 +47,9 @@ pub enum ClaimFetchError {
         name: String,
     },
     /// The API server could not be asked or refused.
-    #[error("cannot get ResourceClaim {namespace}/{name} from the API server")]
+    #[error(
+        "cannot get ResourceClaim {namespace}/{name}; check the API server connection and edra's permission to get ResourceClaims"
+    )]
     Api {
         /// Namespace.
         namespace: String,
@@ -119,8 +121,8 @@ pub enum PrepareError {
         uid: String,
     },
     /// The claim could not be fetched.
-    #[error("cannot prepare the claim; check the API server connection and edra's permission to get ResourceClaims")]
-    Fetch(#[source] ClaimFetchError),
+    #[error(transparent)]
+    Fetch(ClaimFetchError),
     /// The claim was deleted and re-created.
     #[error(
         "ResourceClaim {claim} has UID {found}, not {expected}: the claim was replaced; the kubelet retries with the new one"
@@ -202,6 +204,8 @@ struct Inner {
     settings: PrepareSettings,
     locks: ClaimLocks,
     driver_files: DriverFilesCache,
+    /// The boot ID at construction, stored in new records.
+    boot_id: String,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, PrepareError> {
@@ -242,6 +246,7 @@ impl Preparer {
         settings: PrepareSettings,
     ) -> Self {
         let inner = Inner {
+            boot_id: read_boot_id(&settings.proc_root),
             store,
             inventory,
             claims,
@@ -324,7 +329,7 @@ impl Preparer {
             devices,
             cdi_spec_path: self.inner.settings.spec_path(&claim.uid),
             created_at: now_secs(),
-            boot_id: read_boot_id(&self.inner.settings.proc_root),
+            boot_id: self.inner.boot_id.clone(),
         };
         let this = self.clone();
         let done = blocking(move || this.apply(record)).await??;

@@ -2,4 +2,5 @@
 //! Unix sockets, real sled on temp dirs, the real nvml-wrapper loading a stand-in library.
 //! One test binary (modules below) keeps link time down.
 
+mod hook;
 mod support;
