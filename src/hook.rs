@@ -174,7 +174,18 @@ fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), HookError> {
     let err = |source| HookError::Write { path: path.to_path_buf(), source };
     let tmp = path.with_extension(format!("edra-tmp-{}", std::process::id()));
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp)?;
+        // A stale temp file (or a symlink planted under its name) is removed, and the new
+        // one is created exclusively without following symlinks.
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
         f.write_all(contents)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
