@@ -307,6 +307,51 @@ async fn every_claim_in_a_call_gets_an_answer() {
     err(&r, UID3);
 }
 
+struct Unreachable;
+
+impl ClaimSource for Unreachable {
+    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+        let source = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused").into();
+        let e = ClaimFetchError::Api { namespace: namespace.into(), name: name.into(), source };
+        Box::pin(async move { Err(e) })
+    }
+}
+
+#[tokio::test]
+async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
+    let f = Fixture::new();
+    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    let first = ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    let offline = Preparer::new(
+        f.preparer.store().clone(),
+        f.inventory_tx.subscribe(),
+        Arc::new(Unreachable),
+        f.preparer.settings().clone(),
+    );
+    let r = offline.prepare(vec![cref(UID1, "c1"), cref(UID2, "c2")]).await;
+    assert_eq!(ok(&r, UID1), first);
+    let e = err(&r, UID2);
+    assert!(e.contains("cannot get ResourceClaim ns/c2") && e.contains("connection refused"), "{e}");
+    assert_eq!(offline.unprepare(vec![cref(UID1, "c1")]).await.get(UID1), Some(&Ok(())));
+    assert!(offline.store().claims().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn time_slicing_is_refused_per_claim_for_now() {
+    let f = Fixture::new();
+    let ts = json!([{"source": "FromClaim", "requests": ["alt/one"], "opaque": {"driver": DRIVER, "parameters":
+        {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}}}}}]);
+    f.claims.put(claim(
+        UID1,
+        "c1",
+        &[("gpu", DRIVER, NODE, "gpu-0", false), ("alt/one", DRIVER, NODE, "gpu-1", false)],
+        ts,
+    ));
+    let e = err(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    assert!(e.contains("sharing strategy TimeSlicing (request alt/one) is not supported yet; use Exclusive"), "{e}");
+    assert!(f.preparer.store().holder("gpu-0").unwrap().is_none());
+}
+
 #[path = "tests_recovery.rs"]
 mod recovery;
 #[path = "tests_cdi.rs"]
