@@ -27,6 +27,8 @@ use crate::inventory::Device;
 pub const CLAIM_CLASS: &str = "claim";
 /// Mount options for driver files.
 pub const DRIVER_MOUNT_OPTIONS: [&str; 5] = ["ro", "nosuid", "nodev", "rbind", "rprivate"];
+/// Mount options for the driver daemons' IPC sockets.
+pub const IPC_MOUNT_OPTIONS: [&str; 5] = ["nosuid", "nodev", "rbind", "rprivate", "noexec"];
 /// Control device nodes shared by all GPUs, added when they exist.
 pub const CONTROL_NODES: [&str; 4] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"];
 
@@ -217,6 +219,14 @@ pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files
             host_path: host.display().to_string(),
             container_path: strip(host),
             options: DRIVER_MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect(),
+            mount_type: None,
+        });
+    }
+    for host in &files.ipc_sockets {
+        common.mounts.push(Mount {
+            host_path: host.display().to_string(),
+            container_path: strip(host),
+            options: IPC_MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect(),
             mount_type: None,
         });
     }

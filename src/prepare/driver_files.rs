@@ -26,6 +26,11 @@ pub const BINARY_DIRS: [&str; 5] = ["usr/bin", "usr/sbin", "bin", "sbin", "usr/l
 /// Binaries mounted into GPU containers.
 pub const BINARIES: [&str; 5] =
     ["nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];
+/// IPC sockets of the driver's daemons (first match of each group), relative to the root.
+pub const IPC_SOCKETS: [[&str; 2]; 2] = [
+    ["run/nvidia-persistenced/socket", "var/run/nvidia-persistenced/socket"],
+    ["run/nvidia-fabricmanager/socket", "var/run/nvidia-fabricmanager/socket"],
+];
 /// Firmware folders searched, relative to the driver root.
 pub const FIRMWARE_DIRS: [&str; 2] = ["lib/firmware/nvidia", "usr/lib/firmware/nvidia"];
 
@@ -44,6 +49,8 @@ pub struct DriverFiles {
     pub binaries: Vec<PathBuf>,
     /// GSP firmware files (host paths).
     pub firmware: Vec<PathBuf>,
+    /// Daemon IPC sockets found (host paths).
+    pub ipc_sockets: Vec<PathBuf>,
 }
 
 fn sorted_entries(dir: &Path) -> Vec<PathBuf> {
@@ -91,6 +98,13 @@ pub fn discover(root: &Path, version: &str) -> DriverFiles {
         if let Some(p) = BINARY_DIRS.iter().map(|d| root.join(d).join(name)).find(|p| is_file(p)) {
             out.binaries.push(p);
         }
+    }
+    for group in IPC_SOCKETS {
+        let found = group
+            .iter()
+            .map(|rel| root.join(rel))
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())));
+        out.ipc_sockets.extend(found);
     }
     for rel in FIRMWARE_DIRS {
         let dir = root.join(rel).join(version);

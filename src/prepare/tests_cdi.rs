@@ -243,9 +243,19 @@ fn driver_files_are_found_once_per_folder_and_cached() {
         touch(&root.join(f));
     }
     std::os::unix::fs::symlink("usr/lib", root.join("lib")).unwrap();
+    std::fs::create_dir_all(root.join("var/run/nvidia-persistenced")).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(root.join("var/run/nvidia-persistenced/socket")).unwrap();
+    touch(&root.join("run/nvidia-fabricmanager/socket"));
     let files = driver_files::discover(root, VERSION);
     assert_eq!(files.libraries, [root.join(format!("usr/lib/libcuda.so.{VERSION}"))]);
     assert_eq!(files.library_dirs, [root.join("usr/lib")]);
+    assert_eq!(files.ipc_sockets, [root.join("var/run/nvidia-persistenced/socket")], "only real sockets");
+    let layout =
+        cdi::SpecLayout { vendor: VENDOR, dev_root: Path::new("/dev"), hook_binary: Path::new("/usr/bin/edra") };
+    let spec = cdi::build_spec(&layout, UID1, &[&gpu(0, Path::new("/dev"))], &files);
+    let ipc =
+        spec.container_edits.mounts.iter().find(|m| m.container_path == "/var/run/nvidia-persistenced/socket").unwrap();
+    assert_eq!(ipc.options, ["nosuid", "nodev", "rbind", "rprivate", "noexec"]);
     assert!(driver_files::discover(root, "").libraries.is_empty());
     let cache = driver_files::DriverFilesCache::default();
     let a = cache.get(root, VERSION);
