@@ -58,6 +58,35 @@ pub enum Command {
     Inventory(InventoryArgs),
     /// Print the version and build details.
     Version,
+    /// OCI hooks run by container runtimes through edra's CDI specs.
+    Hook(HookArgs),
+}
+
+/// `edra hook ...`.
+#[derive(Debug, Args, Clone)]
+pub struct HookArgs {
+    /// Which hook.
+    #[command(subcommand)]
+    pub command: HookCommand,
+}
+
+/// The hooks.
+#[derive(Debug, Subcommand, Clone)]
+pub enum HookCommand {
+    /// Refresh the container's dynamic linker cache for the GPU driver's library folders
+    /// (reads the OCI container state on stdin).
+    UpdateLdcache(UpdateLdcacheArgs),
+}
+
+/// Options of `edra hook update-ldcache`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct UpdateLdcacheArgs {
+    /// A library folder inside the container (absolute; repeatable).
+    #[arg(long = "folder", value_name = "DIR")]
+    pub folders: Vec<PathBuf>,
+    /// The host's ldconfig [default: /sbin/ldconfig, /usr/sbin/ldconfig, /usr/bin/ldconfig].
+    #[arg(long, value_name = "PATH")]
+    pub ldconfig: Option<PathBuf>,
 }
 
 /// Options that select the node, the cluster and the devices.
@@ -192,7 +221,7 @@ impl Cli {
         match &self.command {
             Command::Run(args) => args.overrides(&mut overrides),
             Command::Inventory(args) => args.node.overrides(&mut overrides),
-            Command::Version => {}
+            Command::Version | Command::Hook(_) => {}
         }
         Ok(LoadContext::from_process(self.global.config.clone(), overrides))
     }
@@ -222,5 +251,26 @@ mod tests {
         let cli = Cli::try_parse_from(["edra", "run", "--config", "/x.toml", "--log-format", "json"]).unwrap();
         assert_eq!(cli.global.config.as_deref(), Some(std::path::Path::new("/x.toml")));
         assert!(matches!(cli.global.log_format, Some(LogFormatArg::Json)));
+    }
+
+    #[test]
+    fn hook_update_ldcache_parses_folders() {
+        let cli = Cli::try_parse_from([
+            "edra",
+            "hook",
+            "update-ldcache",
+            "--folder",
+            "/usr/lib64",
+            "--folder",
+            "/usr/lib",
+            "--ldconfig",
+            "/x",
+        ])
+        .unwrap();
+        let Command::Hook(HookArgs { command: HookCommand::UpdateLdcache(a) }) = cli.command else {
+            panic!("expected the hook command")
+        };
+        assert_eq!(a.folders, [PathBuf::from("/usr/lib64"), PathBuf::from("/usr/lib")]);
+        assert_eq!(a.ldconfig, Some(PathBuf::from("/x")));
     }
 }

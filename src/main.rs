@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use edra::cli::{Cli, Command, OutputArg};
+use edra::cli::{Cli, Command, HookCommand, OutputArg};
 use edra::config::Config;
 
 /// EX_USAGE from sysexits.h: the configuration or command line is wrong.
@@ -20,6 +20,17 @@ fn main() -> ExitCode {
         println!("kubelet APIs: v1.DRAPlugin, v1beta1.DRAPlugin; resource.k8s.io: v1, v1beta2, v1beta1");
         return ExitCode::SUCCESS;
     }
+    // Hooks are run by the container runtime, with no edra configuration around them.
+    if let Command::Hook(hook) = &cli.command {
+        let HookCommand::UpdateLdcache(args) = &hook.command;
+        return match edra::hook::update_ldcache(std::io::stdin().lock(), &args.folders, args.ldconfig.as_deref()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("edra hook update-ldcache: {}", edra::app::error_chain(&e));
+                ExitCode::from(e.exit_code())
+            }
+        };
+    }
     let ctx = match cli.load_context() {
         Ok(ctx) => ctx,
         Err(errors) => return config_failure(errors),
@@ -32,7 +43,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(_) => edra::app::run_blocking(config),
         Command::Inventory(args) => return inventory(&config, args.output),
-        Command::Version => unreachable!("handled above"),
+        Command::Version | Command::Hook(_) => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,33 @@
+//! Crash points for crash-consistency tests.
+//!
+//! In debug builds, [`hit`] aborts the process when its name is listed in the
+//! `FAILPOINT_EDRA` environment variable (comma-separated), as a kill -9 at that point
+//! would. Release builds compile it to nothing. The variable deliberately does not start
+//! with `EDRA_`, which is reserved for configuration keys.
+
+/// The environment variable listing the points to abort at.
+pub const ENV: &str = "FAILPOINT_EDRA";
+
+/// Aborts the process if failpoint `name` is enabled (debug builds only).
+#[inline]
+pub fn hit(name: &str) {
+    #[cfg(debug_assertions)]
+    if let Ok(list) = std::env::var(ENV)
+        && list.split(',').any(|p| p.trim() == name)
+    {
+        eprintln!("edra: failpoint {name} hit; aborting");
+        std::process::abort();
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = name;
+}
+
+/// The failpoints, in the order a prepare and an unprepare pass them.
+pub const POINTS: [&str; 6] = [
+    "prepare-after-started",
+    "prepare-after-cdi-write",
+    "prepare-before-completed",
+    "prepare-after-completed",
+    "unprepare-after-cdi-remove",
+    "unprepare-after-record-remove",
+];

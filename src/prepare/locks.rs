@@ -1,0 +1,63 @@
+//! Per-claim serialisation: one async mutex per claim UID, dropped when nobody holds it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+
+/// A map from claim UID to its lock. Entries whose lock nobody holds or waits for are
+/// pruned on every acquisition, so the map stays as small as the set of claims in flight.
+#[derive(Debug, Default)]
+pub struct ClaimLocks {
+    map: Mutex<HashMap<String, Weak<AsyncMutex<()>>>>,
+}
+
+impl ClaimLocks {
+    /// Waits for and takes the lock of claim `uid`.
+    pub async fn lock(&self, uid: &str) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, w| w.strong_count() > 0);
+            match map.get(uid).and_then(Weak::upgrade) {
+                Some(l) => l,
+                None => {
+                    let l = Arc::new(AsyncMutex::new(()));
+                    map.insert(uid.to_string(), Arc::downgrade(&l));
+                    l
+                }
+            }
+        };
+        lock.lock_owned().await
+    }
+
+    /// Number of entries (claims in flight, plus any not yet pruned).
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// True when no entry is present.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn same_uid_is_serialised_and_map_does_not_grow() {
+        let locks = ClaimLocks::default();
+        let g = locks.lock("a").await;
+        // A second lock of "a" must wait while the first is held.
+        let pending = tokio::time::timeout(std::time::Duration::ZERO, locks.lock("a")).await;
+        assert!(pending.is_err());
+        let _b = locks.lock("b").await;
+        drop(g);
+        let _a2 = locks.lock("a").await;
+        for i in 0..100 {
+            drop(locks.lock(&format!("x{i}")).await);
+        }
+        assert!(locks.len() <= 3, "map grew to {}", locks.len());
+    }
+}

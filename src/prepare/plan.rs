@@ -1,0 +1,69 @@
+//! The pure part of preparing a claim: from a fetched ResourceClaim and the inventory to
+//! the device records to store, or the reason the claim cannot be prepared here.
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use super::PrepareError;
+use super::config::{self, Strategy};
+use super::{PrepareSettings, cdi};
+use crate::inventory::Inventory;
+use crate::plugin::handler::ClaimRef;
+use crate::state::DeviceRecord;
+
+/// Checks the claim is the one the kubelet means and allocated, takes the results of this
+/// driver on this node's pool, checks the devices exist, and resolves their configs.
+pub fn plan(
+    settings: &PrepareSettings,
+    claim_ref: &ClaimRef,
+    claim: &ResourceClaim,
+    inventory: &Inventory,
+) -> Result<Vec<DeviceRecord>, PrepareError> {
+    let found_uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    if found_uid != claim_ref.uid {
+        return Err(PrepareError::Replaced {
+            claim: format!("{}/{}", claim_ref.namespace, claim_ref.name),
+            expected: claim_ref.uid.clone(),
+            found: found_uid.to_string(),
+        });
+    }
+    let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+        return Err(PrepareError::NotAllocated { claim: format!("{}/{}", claim_ref.namespace, claim_ref.name) });
+    };
+    let results: Vec<_> = allocation
+        .devices
+        .iter()
+        .flat_map(|d| d.results.iter().flatten())
+        .filter(|r| r.driver == settings.driver && r.pool == settings.node)
+        .collect();
+    if results.is_empty() {
+        return Err(PrepareError::NoDevices { driver: settings.driver.clone(), pool: settings.node.clone() });
+    }
+    for r in &results {
+        if inventory.device(&r.device).is_none() {
+            return Err(PrepareError::UnknownDevice { device: r.device.clone() });
+        }
+    }
+    let requests: Vec<&str> = results.iter().map(|r| r.request.as_str()).collect();
+    let configs = config::resolve(&settings.driver, claim, &requests).map_err(PrepareError::Config)?;
+    let vendor = settings.cdi_vendor();
+    let mut out = Vec::with_capacity(results.len());
+    for (r, cfg) in results.into_iter().zip(configs) {
+        if cfg.sharing.strategy != Strategy::Exclusive {
+            return Err(PrepareError::UnsupportedSharing {
+                strategy: cfg.sharing.strategy,
+                request: r.request.clone(),
+            });
+        }
+        out.push(DeviceRecord {
+            request: r.request.clone(),
+            request_names: vec![config::base_request(&r.request).to_string()],
+            device: r.device.clone(),
+            pool: r.pool.clone(),
+            cdi_ids: vec![cdi::device_id(&vendor, &claim_ref.uid, &r.device)],
+            admin_access: r.admin_access.unwrap_or(false),
+            share_id: r.share_id.clone(),
+            config: cfg,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,94 @@
+//! Recovery at start: make the state store, the CDI directory and the node agree again.
+//!
+//! A crash (kill -9, power cut) can leave PrepareStarted records, partly written or
+//! orphaned spec files; a reboot clears the CDI directory under /var/run. Recovery rolls
+//! back PrepareStarted records (spec and device holdings), keeps PrepareCompleted ones
+//! (the kubelet may call prepare again for their pods) and re-writes their missing specs,
+//! removes spec and temp files of edra's kind that no record owns, and stores the boot ID.
+
+use super::{PrepareError, Preparer, cdi, read_boot_id};
+use crate::state::Phase;
+
+/// What recovery did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The boot ID changed since the last start (or none was stored but records exist).
+    pub rebooted: bool,
+    /// Claims whose PrepareStarted record was rolled back.
+    pub rolled_back: Vec<String>,
+    /// Claims whose missing spec was re-written.
+    pub rewritten: Vec<String>,
+    /// Claims whose spec could not be re-written (kept; prepare retries).
+    pub rewrite_failed: Vec<String>,
+    /// Files removed from the CDI directory.
+    pub orphans_removed: Vec<std::path::PathBuf>,
+}
+
+impl Preparer {
+    /// Runs recovery (blocking I/O; call once at start, before serving the kubelet).
+    pub fn recover(&self) -> Result<RecoveryReport, PrepareError> {
+        let store = self.store();
+        let settings = self.settings();
+        let mut report = RecoveryReport::default();
+        let boot_id = read_boot_id(&settings.proc_root);
+        let stored = store.boot_id()?;
+        report.rebooted = match &stored {
+            Some(s) => !boot_id.is_empty() && *s != boot_id,
+            None => false,
+        };
+        for rec in store.claims()? {
+            match rec.phase {
+                Phase::PrepareStarted => {
+                    self.release(&rec.uid)?;
+                    tracing::info!(claim.uid = %rec.uid, "rolled back an interrupted prepare");
+                    report.rolled_back.push(rec.uid);
+                }
+                Phase::PrepareCompleted if !rec.cdi_spec_path.exists() => match self.write_spec_of(&rec) {
+                    Ok(()) => {
+                        tracing::info!(claim.uid = %rec.uid, "re-wrote a missing CDI spec");
+                        report.rewritten.push(rec.uid);
+                    }
+                    Err(e) => {
+                        tracing::warn!(claim.uid = %rec.uid, error = %crate::app::error_chain(&e), "cannot re-write a missing CDI spec; prepare will retry");
+                        report.rewrite_failed.push(rec.uid);
+                    }
+                },
+                Phase::PrepareCompleted => {}
+            }
+        }
+        let vendor = settings.cdi_vendor();
+        let own_prefix = cdi::spec_file_name(&vendor, "");
+        let own_prefix = own_prefix.trim_end_matches(".json");
+        if let Ok(entries) = std::fs::read_dir(&settings.cdi_dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let orphan = match cdi::uid_from_file_name(&vendor, &name) {
+                    Some(uid) => store.claim(uid)?.is_none(),
+                    // Temp files of an interrupted atomic write.
+                    None => name.starts_with(&format!(".{own_prefix}")) && name.contains(".json.tmp-"),
+                };
+                if orphan {
+                    let path = entry.path();
+                    cdi::remove_spec(&path).map_err(|source| PrepareError::Cdi {
+                        op: "remove",
+                        path: path.clone(),
+                        source,
+                    })?;
+                    tracing::info!(path = %path.display(), "removed an orphaned CDI spec file");
+                    report.orphans_removed.push(path);
+                }
+            }
+        }
+        if !boot_id.is_empty() && stored.as_deref() != Some(boot_id.as_str()) {
+            store.set_boot_id(&boot_id)?;
+        }
+        tracing::info!(
+            rebooted = report.rebooted,
+            rolled_back = report.rolled_back.len(),
+            rewritten = report.rewritten.len(),
+            orphans_removed = report.orphans_removed.len(),
+            "state recovered"
+        );
+        Ok(report)
+    }
+}

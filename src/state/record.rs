@@ -1,0 +1,124 @@
+//! The records edra keeps per prepared claim, and their schema versions.
+//!
+//! Records are JSON with an explicit `schema` field. [`decode_claim`] reads a stored record:
+//! the current schema as it is, an older one through [`migrate`], a newer one is refused
+//! (a newer edra wrote it; running an older one on it could lose allocations).
+
+use serde::{Deserialize, Serialize};
+
+use crate::prepare::config::GpuConfig;
+
+/// The schema version this edra writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// How far a claim's preparation got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Devices are held and artifacts may be partly written; rolled back at recovery.
+    PrepareStarted,
+    /// Everything is in place; prepare answers from this record.
+    PrepareCompleted,
+}
+
+/// One allocation result of the claim prepared on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceRecord {
+    /// The request as written in the allocation result (`req` or `req/sub`).
+    pub request: String,
+    /// Base request names (`req`) answered to the kubelet.
+    pub request_names: Vec<String>,
+    /// Device name in the pool.
+    pub device: String,
+    /// Pool name (this node's name).
+    pub pool: String,
+    /// Fully-qualified CDI device IDs.
+    pub cdi_ids: Vec<String>,
+    /// Admin access: the device is not held exclusively.
+    pub admin_access: bool,
+    /// Share ID of a consumable-capacity allocation.
+    pub share_id: Option<String>,
+    /// The resolved opaque configuration.
+    pub config: GpuConfig,
+}
+
+/// The record of one claim on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRecord {
+    /// Record schema version.
+    pub schema: u32,
+    /// Claim UID (the key).
+    pub uid: String,
+    /// Claim namespace.
+    pub namespace: String,
+    /// Claim name.
+    pub name: String,
+    /// How far preparation got.
+    pub phase: Phase,
+    /// The devices prepared for this claim.
+    pub devices: Vec<DeviceRecord>,
+    /// The claim's CDI spec file.
+    pub cdi_spec_path: std::path::PathBuf,
+    /// When the record was first written, seconds since the Unix epoch.
+    pub created_at: u64,
+    /// The boot ID when the record was written (empty when unknown).
+    pub boot_id: String,
+}
+
+impl ClaimRecord {
+    /// Names of the devices this claim holds exclusively (admin access is exempt).
+    pub fn held_devices(&self) -> impl Iterator<Item = &str> {
+        self.devices.iter().filter(|d| !d.admin_access).map(|d| d.device.as_str())
+    }
+}
+
+/// Why a stored record cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Not JSON, or not the shape of its schema version.
+    #[error("record is malformed")]
+    Malformed(#[source] serde_json::Error),
+    /// Written by a newer edra.
+    #[error("record has schema version {found}, newer than {SCHEMA_VERSION} which this edra understands")]
+    Newer {
+        /// The version found.
+        found: u32,
+    },
+    /// An older version for which no migration exists.
+    #[error("record has schema version {found}, which this edra cannot migrate")]
+    NoMigration {
+        /// The version found.
+        found: u32,
+    },
+}
+
+/// Decodes a stored claim record, migrating older schemas.
+pub fn decode_claim(bytes: &[u8]) -> Result<ClaimRecord, RecordError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(RecordError::Malformed)?;
+    let found = value.get("schema").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let found = u32::try_from(found).unwrap_or(u32::MAX);
+    if found > SCHEMA_VERSION {
+        return Err(RecordError::Newer { found });
+    }
+    let value = migrate(value, found)?;
+    serde_json::from_value(value).map_err(RecordError::Malformed)
+}
+
+/// Encodes a record (always at [`SCHEMA_VERSION`]).
+pub fn encode_claim(record: &ClaimRecord) -> Vec<u8> {
+    // A ClaimRecord is strings, integers, bools and enums: serializing cannot fail.
+    serde_json::to_vec(record).unwrap_or_default()
+}
+
+/// Brings a record from schema `from` to [`SCHEMA_VERSION`].
+///
+/// Version 1 is the first released layout, so no older layout can be met yet; each future
+/// version adds a `from => transform, then continue` arm here, tested with a hand-written
+/// record of the old layout.
+pub fn migrate(value: serde_json::Value, from: u32) -> Result<serde_json::Value, RecordError> {
+    match from {
+        SCHEMA_VERSION => Ok(value),
+        found => Err(RecordError::NoMigration { found }),
+    }
+}

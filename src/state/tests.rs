@@ -1,0 +1,186 @@
+//! Tests of the store on real sled in temp dirs.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Instant;
+
+use super::*;
+use crate::prepare::config::GpuConfig;
+
+fn device(name: &str, admin: bool) -> DeviceRecord {
+    DeviceRecord {
+        request: "gpu".into(),
+        request_names: vec!["gpu".into()],
+        device: name.into(),
+        pool: "node-a".into(),
+        cdi_ids: vec![format!("k8s.gpu.edra.dev/claim=x-{name}")],
+        admin_access: admin,
+        share_id: None,
+        config: GpuConfig::default(),
+    }
+}
+
+fn record(uid: &str, devices: Vec<DeviceRecord>) -> ClaimRecord {
+    ClaimRecord {
+        schema: SCHEMA_VERSION,
+        uid: uid.into(),
+        namespace: "ns".into(),
+        name: format!("claim-{uid}"),
+        phase: Phase::PrepareStarted,
+        devices,
+        cdi_spec_path: format!("/run/cdi/{uid}.json").into(),
+        created_at: 1,
+        boot_id: "b".into(),
+    }
+}
+
+#[test]
+fn open_creates_a_private_directory_and_reopens_with_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("a/state");
+    {
+        let s = Store::open(&dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        s.put_claim(&record("u1", vec![device("gpu-0", false)])).unwrap();
+        s.set_boot_id("boot-1").unwrap();
+    }
+    let s = Store::open(&dir).unwrap();
+    assert_eq!(s.claim("u1").unwrap().unwrap().devices[0].device, "gpu-0");
+    assert_eq!(s.holder("gpu-0").unwrap().as_deref(), Some("u1"));
+    assert_eq!(s.boot_id().unwrap().as_deref(), Some("boot-1"));
+    assert!(dir.join("db").exists() && dir.join("conf").exists(), "sled's files are where make_durable syncs them");
+}
+
+#[test]
+fn exclusive_devices_name_the_holder_and_admin_access_is_exempt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    s.put_claim(&record("u1", vec![device("gpu-0", false)])).unwrap();
+    let err = s.put_claim(&record("u2", vec![device("gpu-1", false), device("gpu-0", false)])).unwrap_err();
+    assert!(matches!(&err, StateError::DeviceHeld { device, holder } if device == "gpu-0" && holder == "u1"));
+    assert!(err.to_string().contains("claim u1"), "{err}");
+    // The failed transaction left nothing behind.
+    assert!(s.claim("u2").unwrap().is_none());
+    assert!(s.holder("gpu-1").unwrap().is_none());
+    // Admin access neither conflicts nor holds.
+    s.put_claim(&record("u3", vec![device("gpu-0", true)])).unwrap();
+    assert_eq!(s.holder("gpu-0").unwrap().as_deref(), Some("u1"));
+    // The same claim again (e.g. PrepareCompleted) is fine.
+    let mut again = record("u1", vec![device("gpu-0", false)]);
+    again.phase = Phase::PrepareCompleted;
+    s.put_claim(&again).unwrap();
+    assert_eq!(s.claim("u1").unwrap().unwrap().phase, Phase::PrepareCompleted);
+}
+
+#[test]
+fn rewriting_a_claim_releases_devices_it_no_longer_has() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    s.put_claim(&record("u1", vec![device("gpu-0", false), device("gpu-1", false)])).unwrap();
+    s.put_claim(&record("u1", vec![device("gpu-1", false)])).unwrap();
+    assert!(s.holder("gpu-0").unwrap().is_none());
+    assert_eq!(s.holder("gpu-1").unwrap().as_deref(), Some("u1"));
+}
+
+#[test]
+fn remove_releases_devices_and_is_idempotent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    s.put_claim(&record("u1", vec![device("gpu-0", false)])).unwrap();
+    s.put_claim(&record("u2", vec![device("gpu-0", true)])).unwrap();
+    assert_eq!(s.remove_claim("u1").unwrap().unwrap().uid, "u1");
+    assert!(s.holder("gpu-0").unwrap().is_none());
+    assert!(s.remove_claim("u1").unwrap().is_none());
+    // Removing the admin-access claim does not touch another claim's holding.
+    s.put_claim(&record("u4", vec![device("gpu-0", false)])).unwrap();
+    s.remove_claim("u2").unwrap();
+    assert_eq!(s.holder("gpu-0").unwrap().as_deref(), Some("u4"));
+    assert_eq!(s.claims().unwrap().iter().map(|r| r.uid.as_str()).collect::<Vec<_>>(), ["u4"]);
+}
+
+#[test]
+fn a_newer_store_schema_is_refused_with_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open(tmp.path()).unwrap();
+        s.meta.insert(META_SCHEMA, b"7").unwrap();
+        s.make_durable().unwrap();
+    }
+    let err = Store::open(tmp.path()).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StateError::NewerSchema { found: 7, .. }));
+    assert!(msg.contains(&tmp.path().display().to_string()) && msg.contains("upgrade edra"), "{msg}");
+}
+
+#[test]
+fn a_newer_record_is_refused_and_current_ones_decode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    let mut v = serde_json::to_value(record("u9", vec![])).unwrap();
+    v["schema"] = 2.into();
+    s.claims.insert("u9", serde_json::to_vec(&v).unwrap()).unwrap();
+    let err = s.claim("u9").unwrap_err();
+    assert!(matches!(&err, StateError::Record { source: RecordError::Newer { found: 2 }, .. }), "{err:?}");
+    assert!(s.claims().is_err());
+    // A record without a schema field predates version 1: no migration exists for it.
+    v.as_object_mut().unwrap().remove("schema");
+    assert!(matches!(
+        record::decode_claim(&serde_json::to_vec(&v).unwrap()),
+        Err(RecordError::NoMigration { found: 0 })
+    ));
+    let current = record::encode_claim(&record("u1", vec![device("gpu-0", false)]));
+    assert_eq!(record::decode_claim(&current).unwrap().devices.len(), 1);
+}
+
+#[test]
+fn open_errors_name_the_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let err = Store::open(&file.join("state")).unwrap_err();
+    assert!(matches!(err, StateError::CreateDir { .. }));
+    assert!(err.to_string().contains("not-a-dir/state"), "{err}");
+    // A second open of a directory in use is refused by sled's file lock.
+    let _held = Store::open(&tmp.path().join("s")).unwrap();
+    let err = Store::open(&tmp.path().join("s")).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("another edra process"), "{msg}");
+}
+
+#[test]
+fn corrupt_database_gives_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    {
+        let s = Store::open(&dir).unwrap();
+        s.put_claim(&record("u1", vec![device("gpu-0", false)])).unwrap();
+    }
+    std::fs::write(dir.join("conf"), b"garbage that is not sled's config").unwrap();
+    let err = Store::open(&dir).unwrap_err();
+    let msg = crate::app::error_chain(&err);
+    assert!(msg.contains(&dir.display().to_string()) && msg.contains("move the state directory aside"), "{msg}");
+}
+
+/// Measures one durable commit (a two-tree transaction, flush, fsync). Run with
+/// `--nocapture` to see the numbers.
+#[test]
+fn durable_commit_cost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    let n = 50u32;
+    let mut times = Vec::new();
+    for i in 0..n {
+        let r = record(&format!("u{i}"), vec![device(&format!("gpu-{i}"), false)]);
+        let t = Instant::now();
+        s.put_claim(&r).unwrap();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    eprintln!(
+        "durable commit over {n}: p50 {:?}, p90 {:?}, max {:?}",
+        times[times.len() / 2],
+        times[times.len() * 9 / 10],
+        times[times.len() - 1]
+    );
+    assert_eq!(s.claims().unwrap().len(), n as usize);
+}
