@@ -222,3 +222,34 @@ async fn v1beta1_shapes_round_trip() -> Result<()> {
     assert_eq!(v1_claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"], "none");
     Ok(())
 }
+
+#[tokio::test]
+async fn create_with_resource_version_and_identical_update_behave_like_etcd() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    let mut with_rv = slice("s", "n", "gpu.example.com", 1);
+    with_rv["metadata"]["resourceVersion"] = json!("5");
+    let (status, body) = client.json(Method::POST, SLICES, Some(&with_rv)).await?;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body["message"], "resourceVersion should not be set on objects to be created");
+    assert!(body.get("reason").is_none());
+
+    let (_, created) = client.json(Method::POST, SLICES, Some(&slice("s", "n", "gpu.example.com", 1))).await?;
+    let before = server.with_state(|s| s.resource_version());
+    let (status, same) = client.json(Method::PUT, &format!("{SLICES}/s"), Some(&created)).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(same["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"]);
+    assert_eq!(server.with_state(|s| s.resource_version()), before, "an identical update writes nothing");
+    Ok(())
+}
+
+#[tokio::test]
+async fn unsupported_requests_are_refused_with_status() -> Result<()> {
+    let (_server, client) = start(Options::default()).await?;
+    let (status, body) = client.json(Method::PATCH, &format!("{SLICES}/s"), Some(&json!({}))).await?;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body["kind"], "Status");
+    let (status, body) = client.get("/apis/resource.k8s.io/v1/deviceclasses").await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["reason"], "NotFound");
+    Ok(())
+}

@@ -120,3 +120,28 @@ async fn close_watches_ends_open_streams() -> Result<()> {
     assert!(events.next().await?.is_none());
     Ok(())
 }
+
+#[tokio::test]
+async fn streaming_list_sends_initial_events_then_an_end_bookmark() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    client.json(Method::POST, SLICES, Some(&slice("a", "node-a", "gpu.example.com", 1))).await?;
+    let (status, body) = client.get(&format!("{SLICES}?watch=true&sendInitialEvents=true")).await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["reason"], "Invalid");
+
+    let query = format!(
+        "{SLICES}?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+    );
+    let (_, mut events) = client.watch(&query).await?;
+    let added = events.next().await?.unwrap_or_default();
+    assert_eq!((added["type"].as_str(), added["object"]["metadata"]["name"].as_str()), (Some("ADDED"), Some("a")));
+    let end = events.next().await?.unwrap_or_default();
+    assert_eq!(end["type"], "BOOKMARK");
+    assert_eq!(end["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+    assert_eq!(rv(&end["object"])?, server.with_state(|s| s.resource_version()));
+    assert_eq!(server.with_state(|s| s.open_watches()), 1);
+    drop(events);
+    server.wait_for("the watch to close", Duration::from_secs(5), |s| s.open_watches() == 0).await?;
+    assert!(server.with_state(|s| s.watch_bytes()) > 0);
+    Ok(())
+}

@@ -34,12 +34,19 @@ pub(crate) struct Call<'a> {
     pub shared: &'a Arc<Shared>,
     pub user: &'a UserInfo,
     pub params: HashMap<String, String>,
+    pub content_type: Option<String>,
     pub body: Bytes,
 }
 
 impl Call<'_> {
     /// The JSON body, or the real server's 400 for undecodable input.
     pub fn json_body(&self) -> Result<Value, ApiError> {
+        // An absent Content-Type is read as JSON, like the real server does.
+        if let Some(content_type) = &self.content_type
+            && !content_type.starts_with("application/json")
+        {
+            return Err(ApiError::unsupported_media_type(content_type));
+        }
         serde_json::from_slice(&self.body)
             .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))
     }
@@ -140,7 +147,8 @@ pub(crate) async fn handle(
     let outcome = match &user {
         None => Err(ApiError::unauthorized()),
         Some(user) => {
-            let call = Call { shared: &shared, user, params, body };
+            let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let call = Call { shared: &shared, user, params, content_type, body };
             serve(&call, &route, &parts.method, verb).await
         }
     };

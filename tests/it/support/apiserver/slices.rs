@@ -94,6 +94,9 @@ fn decode(call: &Call<'_>, version: ApiVersion) -> Result<Value, ApiError> {
 
 pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiError> {
     let mut object = decode(call, version)?;
+    if object["metadata"]["resourceVersion"].as_str().is_some_and(|rv| !rv.is_empty()) {
+        return Err(ApiError::resource_version_on_create());
+    }
     metadata_mut(&mut object).remove("uid");
     metadata_mut(&mut object).remove("resourceVersion");
     let given = object["metadata"]["name"].as_str().filter(|n| !n.is_empty()).map(str::to_owned);

@@ -92,6 +92,8 @@ pub struct State {
     /// Watches must start at or after this resourceVersion.
     compacted: u64,
     pub(crate) log: Vec<RequestRecord>,
+    pub(crate) open_watches: usize,
+    pub(crate) watch_bytes: usize,
     pub(crate) tokens: HashMap<String, UserInfo>,
     pub(crate) faults: Vec<Fault>,
     pub(crate) forbid: Vec<ForbidRule>,
@@ -111,6 +113,8 @@ impl State {
             history_limit: history_limit.max(1),
             compacted: 1,
             log: Vec::new(),
+            open_watches: 0,
+            watch_bytes: 0,
             tokens: HashMap::new(),
             faults: Vec::new(),
             forbid: Vec::new(),
@@ -167,6 +171,16 @@ impl State {
         self.log.iter().skip(mark).filter(|r| r.is_write()).count()
     }
 
+    /// Watch streams currently open (a watch counts from its first byte to its end).
+    pub fn open_watches(&self) -> usize {
+        self.open_watches
+    }
+
+    /// Bytes sent on all watch streams so far.
+    pub fn watch_bytes(&self) -> usize {
+        self.watch_bytes
+    }
+
     pub(crate) fn events_after(&self, rv: u64, kind: Kind) -> impl Iterator<Item = &Event> {
         self.history.iter().filter(move |e| e.rv > rv && e.kind == kind)
     }
@@ -219,15 +233,21 @@ impl State {
         strip_type(&mut object);
         let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
         let generation = if old["spec"] == object["spec"] { generation } else { generation + 1 };
-        let rv = self.next_rv();
         let meta = metadata_mut(&mut object);
-        for key in ["uid", "creationTimestamp", "name"] {
-            if let Some(v) = old["metadata"].get(key) {
-                meta.insert(key.to_owned(), v.clone());
-            }
+        for key in ["uid", "creationTimestamp", "name", "resourceVersion"] {
+            match old["metadata"].get(key) {
+                Some(v) => meta.insert(key.to_owned(), v.clone()),
+                None => meta.remove(key),
+            };
         }
-        meta.insert("resourceVersion".to_owned(), json!(rv.to_string()));
         meta.insert("generation".to_owned(), json!(generation));
+        if object == old {
+            // Like etcd3's GuaranteedUpdate: an identical object is not written, the
+            // resourceVersion stays and no event is emitted.
+            return Some(old);
+        }
+        let rv = self.next_rv();
+        metadata_mut(&mut object).insert("resourceVersion".to_owned(), json!(rv.to_string()));
         self.slices.insert(name.to_owned(), object.clone());
         self.record(Kind::Slice, EventType::Modified, object.clone());
         Some(object)
