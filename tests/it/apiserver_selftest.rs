@@ -5,6 +5,7 @@
 mod auth;
 mod crud;
 mod faults;
+mod fidelity;
 mod watch;
 
 use std::sync::Arc;

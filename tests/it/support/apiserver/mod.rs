@@ -37,6 +37,7 @@ mod faults;
 mod handler;
 mod kubeconfig;
 mod pki;
+mod quantity;
 mod query;
 mod server;
 mod slices;
@@ -59,6 +60,7 @@ pub use claims::{AllocatedDevice, ClaimBuilder};
 pub use convert::ApiVersion;
 pub use faults::{Fault, FaultAction};
 pub use kubeconfig::Identity;
+pub use quantity::canonical as canonical_quantity;
 pub use store::{RequestRecord, State};
 
 /// An authenticated user, as the server sees it.

@@ -10,9 +10,10 @@ use super::authz::Attributes;
 use super::convert::{self, ApiVersion};
 use super::handler::{Call, Reply};
 use super::query::FieldSelector;
-use super::status::{ApiError, SLICES};
+use super::status::{ApiError, Cause, SLICES};
+use super::store::now_rfc3339;
 use super::store::{metadata_mut, random_suffix, with_type};
-use super::validate;
+use super::{quantity, validate};
 
 fn attrs<'a>(verb: &'static str, name: Option<&'a str>) -> Attributes<'a> {
     Attributes {
@@ -64,6 +65,35 @@ pub(crate) fn get(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Re
     Ok(Reply::Json(StatusCode::OK, out(version, &existing)))
 }
 
+/// What the real server's strategy does before validation: canonical quantities, and
+/// `timeAdded` on device taints that lack it (kept from the old object's identical taint).
+/// Returns the causes of unparsable quantities.
+fn prepare(object: &mut Value, old: Option<&Value>) -> Vec<Cause> {
+    let causes = quantity::canonicalize_slice(object);
+    let now = now_rfc3339();
+    let Some(devices) = object.pointer_mut("/spec/devices").and_then(Value::as_array_mut) else {
+        return causes;
+    };
+    for device in devices {
+        let name = device["name"].clone();
+        let old_taints: Vec<Value> = old
+            .and_then(|o| o["spec"]["devices"].as_array())
+            .and_then(|ds| ds.iter().find(|d| d["name"] == name))
+            .and_then(|d| d["taints"].as_array().cloned())
+            .unwrap_or_default();
+        for taint in device.get_mut("taints").and_then(Value::as_array_mut).into_iter().flatten() {
+            if !taint["timeAdded"].is_null() || !taint.is_object() {
+                continue;
+            }
+            let same =
+                |t: &&Value| t["key"] == taint["key"] && t["value"] == taint["value"] && t["effect"] == taint["effect"];
+            let time = old_taints.iter().find(same).map(|t| t["timeAdded"].clone()).filter(|t| !t.is_null());
+            taint["timeAdded"] = time.unwrap_or_else(|| json!(now));
+        }
+    }
+    causes
+}
+
 /// Decodes a slice body sent on `version` into the stored v1 shape.
 fn decode(call: &Call<'_>, version: ApiVersion) -> Result<Value, ApiError> {
     let body = call.json_body()?;
@@ -113,7 +143,8 @@ pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiE
     let mut a = attrs("create", Some(&name));
     a.new_node = Some(node_of(&object));
     call.authorize(&a)?;
-    let causes = validate::slice(&object, None);
+    let mut causes = prepare(&mut object, None);
+    causes.extend(validate::slice(&object, None));
     if !causes.is_empty() {
         return Err(ApiError::invalid(SLICES, &name, &causes));
     }
@@ -127,7 +158,7 @@ pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiE
 }
 
 pub(crate) fn update(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Reply, ApiError> {
-    let object = decode(call, version)?;
+    let mut object = decode(call, version)?;
     let body_name = object["metadata"]["name"].as_str().unwrap_or_default();
     if body_name != name {
         return Err(ApiError::bad_request(format!(
@@ -142,7 +173,8 @@ pub(crate) fn update(call: &Call<'_>, version: ApiVersion, name: &str) -> Result
     let Some(existing) = existing else {
         return Err(ApiError::not_found(SLICES, name));
     };
-    let causes = validate::slice(&object, Some(&existing));
+    let mut causes = prepare(&mut object, Some(&existing));
+    causes.extend(validate::slice(&object, Some(&existing)));
     if !causes.is_empty() {
         return Err(ApiError::invalid(SLICES, name, &causes));
     }
