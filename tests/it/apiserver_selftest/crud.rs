@@ -245,11 +245,35 @@ async fn create_with_resource_version_and_identical_update_behave_like_etcd() ->
 #[tokio::test]
 async fn unsupported_requests_are_refused_with_status() -> Result<()> {
     let (_server, client) = start(Options::default()).await?;
-    let (status, body) = client.json(Method::PATCH, &format!("{SLICES}/s"), Some(&json!({}))).await?;
-    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    client.json(Method::POST, SLICES, Some(&slice("s", "n", "gpu.example.com", 1))).await?;
+    let (status, body) = client.json(Method::PATCH, &format!("{SLICES}/s"), Some(&json!([]))).await?;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "JSON patch is not emulated");
     assert_eq!(body["kind"], "Status");
+    let (status, _) = client.json(Method::DELETE, SLICES, None).await?;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "DeleteCollection is not emulated");
     let (status, body) = client.get("/apis/resource.k8s.io/v1/deviceclasses").await?;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["reason"], "NotFound");
+    Ok(())
+}
+
+#[tokio::test]
+async fn merge_patch_updates_like_put() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    let (_, created) = client.json(Method::POST, SLICES, Some(&slice("s", "n", "gpu.example.com", 1))).await?;
+    let path = format!("{SLICES}/s");
+    let patch = json!({"spec": {"pool": {"generation": 5}}});
+    let (status, patched) = client.patch(&path, "application/merge-patch+json", &patch).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(patched["spec"]["pool"]["generation"], 5);
+    assert_eq!(patched["spec"]["pool"]["resourceSliceCount"], 1);
+    assert_eq!(patched["metadata"]["generation"], 2);
+    let stale = json!({"metadata": {"resourceVersion": created["metadata"]["resourceVersion"]}, "spec": {"pool": {"generation": 6}}});
+    let (status, _) = client.patch(&path, "application/merge-patch+json", &stale).await?;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, _) =
+        client.patch(&path, "application/merge-patch+json", &json!({"spec": {"driver": "x.example.com"}})).await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(server.slice("s").unwrap_or_default()["spec"]["pool"]["generation"], 5);
     Ok(())
 }

@@ -62,7 +62,8 @@ async fn restart_on_the_same_port_keeps_state() -> Result<()> {
     let (_, mut watch) = client.watch(&format!("{SLICES}?watch=true&resourceVersion=1")).await?;
     assert_eq!(watch.next_change().await?["type"], "ADDED");
 
-    server.stop();
+    server.stop().await;
+    assert_eq!(server.with_state(|s| s.open_connections()), 0);
     let after_stop = watch.next().await;
     assert!(!matches!(after_stop, Ok(Some(_))), "open connections are dropped: {after_stop:?}");
     assert!(client.get("/version").await.is_err(), "connections are refused while stopped");
@@ -80,7 +81,7 @@ async fn refused_connections_keep_open_ones() -> Result<()> {
     let (server, client) = start(Options::default()).await?;
     let (_, mut watch) = client.watch(&format!("{SLICES}?watch=true")).await?;
     server.wait_for("the watch", Duration::from_secs(5), |s| s.count_verb("watch") == 1).await?;
-    server.refuse_connections();
+    server.refuse_connections().await;
     assert!(client.get("/version").await.is_err());
     server.create_slice(slice("late", "n", "gpu.example.com", 1));
     assert_eq!(watch.next_change().await?["object"]["metadata"]["name"], "late");

@@ -47,6 +47,11 @@ impl Call<'_> {
         {
             return Err(ApiError::unsupported_media_type(content_type));
         }
+        self.raw_json()
+    }
+
+    /// The body decoded as JSON whatever its Content-Type.
+    pub fn raw_json(&self) -> Result<Value, ApiError> {
         serde_json::from_slice(&self.body)
             .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))
     }
@@ -196,6 +201,7 @@ async fn serve(call: &Call<'_>, route: &Route, method: &Method, verb: &'static s
         (Route::Slice(v, name), "get") => slices::get(call, *v, name),
         (Route::Slice(v, name), "update") => slices::update(call, *v, name),
         (Route::Slice(v, name), "delete") => slices::delete(call, *v, name),
+        (Route::Slice(v, name), "patch") => slices::patch(call, *v, name),
         (Route::Claim(v, ns, name), "get") => claim_get(call, *v, ns, name),
         (Route::Node(name), "get") => node_get(call, name),
         (Route::Unknown, _) => Err(ApiError::path_not_found()),

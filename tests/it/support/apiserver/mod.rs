@@ -9,25 +9,32 @@
 //!   configurable gitVersion and set of served resource.k8s.io versions (v1, v1beta2,
 //!   v1beta1; unserved version paths are `404`);
 //! - `GET /api/v1/nodes/{name}`; ResourceSlice list (with `spec.nodeName`/`spec.driver`/
-//!   `metadata.name` field selectors), get, create (generateName), update (optimistic
-//!   concurrency), delete (preconditions) and watch (bookmarks, timeouts, `410` for
-//!   compacted resourceVersions); ResourceClaim get; v1beta1 shape conversion;
-//! - a global integer resourceVersion shared by all kinds; validation of the ResourceSlice
-//!   limits edra can hit (`422` with causes); Status bodies on every failure;
+//!   `metadata.name` field selectors), get, create (generateName), update and merge patch
+//!   (optimistic concurrency), delete (preconditions) and watch (bookmarks, timeouts,
+//!   streaming lists with `sendInitialEvents`, `410` for compacted resourceVersions);
+//!   ResourceClaim get; v1beta1 shape conversion in both directions;
+//! - a global integer resourceVersion shared by all kinds; what storage does to objects
+//!   (canonical quantities, taint `timeAdded`, no write for an identical update, `500` for a
+//!   create carrying a resourceVersion); validation of the ResourceSlice limits edra can hit
+//!   (`422` with causes); Status bodies on every failure;
 //! - optional node-authorizer + NodeRestriction emulation and test-forbidden combinations;
-//! - fault injection, connection control, a request log and [`TestApiServer::wait_for`].
+//! - fault injection, connection control, a request log, gauges and
+//!   [`TestApiServer::wait_for`].
 //!
-//! It does NOT emulate: PATCH of any kind (`405`), server-side apply, managedFields,
+//! It does NOT emulate: JSON patch and server-side apply (`415`; merge and strategic merge
+//! patches of slices are applied as RFC 7386 merge patches), managedFields, `dryRun`,
 //! `limit`/`continue` pagination (lists are always complete), label selectors, list
 //! `resourceVersion`/`resourceVersionMatch` semantics (lists always read the latest state),
-//! `sendInitialEvents`/streaming lists, DeleteCollection, finalizers and graceful deletion,
-//! the `/status` subresources, DeviceClasses and other kinds, protobuf and CBOR encodings,
-//! aggregated discovery (`apidiscovery.k8s.io/v2`), OpenAPI, RBAC objects, admission
-//! webhooks and ValidatingAdmissionPolicies, API priority and fairness (429 only when
-//! injected), full validation (only the limits listed in `validate.rs`), watch events that
-//! move objects in or out of a field selector (events are filtered on the new object), and
-//! request body size limits. Error reasons follow the real server: an expired watch is
-//! reason `Expired` with code 410.
+//! DeleteCollection, finalizers and graceful deletion, the `/status` subresources, list or
+//! watch of claims and nodes, writes of claims and nodes by clients, DeviceClasses and other
+//! kinds, protobuf and CBOR encodings, aggregated discovery (`apidiscovery.k8s.io/v2`),
+//! OpenAPI, RBAC objects, admission webhooks and ValidatingAdmissionPolicies, API priority
+//! and fairness (429 only when injected), full validation (only the limits in
+//! `validate.rs`), watch events that move objects in or out of a field selector (events are
+//! filtered on the new object), request body size limits, and client certificates with more
+//! than two groups. Writes made through the handle (`create_slice`, `edit_slice`) bypass
+//! validation and canonicalization. Error reasons follow the real server: an expired watch
+//! is reason `Expired` with code 410.
 
 mod authz;
 mod claims;
@@ -327,10 +334,14 @@ impl TestApiServer {
         self.shared.close_watches.send_modify(|g| *g += 1);
     }
 
-    /// Stops accepting connections (new connects are refused); open connections stay.
-    pub fn refuse_connections(&self) {
-        if let Some(task) = self.accept.lock().unwrap_or_else(PoisonError::into_inner).take() {
+    /// Stops accepting connections: once this returns, new connects are refused (the
+    /// listening socket is closed); open connections stay.
+    pub async fn refuse_connections(&self) {
+        let task = self.accept.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(task) = task {
             task.abort();
+            // The listener is dropped with the task; wait for that.
+            let _ = task.await;
         }
     }
 
@@ -345,10 +356,18 @@ impl TestApiServer {
         Ok(())
     }
 
-    /// Stops serving: refuses new connections and drops every open one (state is kept).
-    pub fn stop(&self) {
-        self.refuse_connections();
+    /// Stops serving (state is kept): once this returns, new connects are refused and every
+    /// open connection, watches included, has been closed.
+    pub async fn stop(&self) {
+        self.refuse_connections().await;
         self.kill.send_modify(|g| *g += 1);
+        let mut changed = self.shared.changed.subscribe();
+        loop {
+            changed.borrow_and_update();
+            if self.shared.lock().open_connections == 0 || changed.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Serves again on the same port with the same state and certificates.
@@ -394,6 +413,9 @@ impl TestApiServer {
 
 impl Drop for TestApiServer {
     fn drop(&mut self) {
-        self.stop();
+        if let Some(task) = self.accept.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            task.abort();
+        }
+        self.kill.send_modify(|g| *g += 1);
     }
 }

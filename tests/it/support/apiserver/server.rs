@@ -45,9 +45,29 @@ pub(crate) fn spawn_accept(
             let _ = tcp.set_nodelay(true);
             let mut kill = kill.clone();
             kill.borrow_and_update();
-            tokio::spawn(serve_connection(tcp, peer, acceptor.clone(), shared.clone(), kill));
+            let gauge = ConnectionGauge::new(shared.clone());
+            tokio::spawn(serve_connection(tcp, peer, acceptor.clone(), shared.clone(), kill, gauge));
         }
     })
+}
+
+/// Counts a connection as open for as long as it lives.
+struct ConnectionGauge(Arc<Shared>);
+
+impl ConnectionGauge {
+    fn new(shared: Arc<Shared>) -> Self {
+        shared.mutate(|s| {
+            s.open_connections += 1;
+            s.connections_accepted += 1;
+        });
+        Self(shared)
+    }
+}
+
+impl Drop for ConnectionGauge {
+    fn drop(&mut self) {
+        self.0.mutate(|s| s.open_connections = s.open_connections.saturating_sub(1));
+    }
 }
 
 async fn serve_connection(
@@ -56,6 +76,7 @@ async fn serve_connection(
     acceptor: TlsAcceptor,
     shared: Arc<Shared>,
     mut kill: watch::Receiver<u64>,
+    _gauge: ConnectionGauge,
 ) {
     let tls = tokio::select! {
         tls = acceptor.accept(tcp) => tls,

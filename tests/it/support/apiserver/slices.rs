@@ -96,7 +96,10 @@ fn prepare(object: &mut Value, old: Option<&Value>) -> Vec<Cause> {
 
 /// Decodes a slice body sent on `version` into the stored v1 shape.
 fn decode(call: &Call<'_>, version: ApiVersion) -> Result<Value, ApiError> {
-    let body = call.json_body()?;
+    decode_value(call.json_body()?, version)
+}
+
+fn decode_value(body: Value, version: ApiVersion) -> Result<Value, ApiError> {
     if !body.is_object() {
         return Err(ApiError::bad_request("the body of the request must be a JSON object".to_owned()));
     }
@@ -158,7 +161,58 @@ pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiE
 }
 
 pub(crate) fn update(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Reply, ApiError> {
-    let mut object = decode(call, version)?;
+    replace(call, version, name, decode(call, version)?, "update")
+}
+
+/// PATCH with a JSON merge patch (RFC 7386). A strategic merge patch is applied the same
+/// way, which is exact for ResourceSlices (their lists are atomic) unless it uses `$patch`
+/// directives; JSON patch and apply patches are not emulated (415).
+pub(crate) fn patch(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Reply, ApiError> {
+    let content_type = call.content_type.as_deref().unwrap_or_default();
+    if !content_type.starts_with("application/merge-patch+json")
+        && !content_type.starts_with("application/strategic-merge-patch+json")
+    {
+        return Err(ApiError::unsupported_media_type(content_type));
+    }
+    let patch = call.raw_json()?;
+    let existing = call.shared.lock().slices.get(name).cloned();
+    let Some(existing) = existing else {
+        let mut a = attrs("patch", Some(name));
+        a.existing_node = None;
+        call.authorize(&a)?;
+        return Err(ApiError::not_found(SLICES, name));
+    };
+    let mut patched = out(version, &existing);
+    merge_patch(&mut patched, &patch);
+    replace(call, version, name, decode_value(patched, version)?, "patch")
+}
+
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(fields) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Value::Object(target_fields) = target {
+        for (key, value) in fields {
+            if value.is_null() {
+                target_fields.remove(key);
+            } else {
+                merge_patch(target_fields.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
+fn replace(
+    call: &Call<'_>,
+    version: ApiVersion,
+    name: &str,
+    mut object: Value,
+    verb: &'static str,
+) -> Result<Reply, ApiError> {
     let body_name = object["metadata"]["name"].as_str().unwrap_or_default();
     if body_name != name {
         return Err(ApiError::bad_request(format!(
@@ -166,7 +220,7 @@ pub(crate) fn update(call: &Call<'_>, version: ApiVersion, name: &str) -> Result
         )));
     }
     let existing = call.shared.lock().slices.get(name).cloned();
-    let mut a = attrs("update", Some(name));
+    let mut a = attrs(verb, Some(name));
     a.existing_node = existing.as_ref().map(node_of);
     a.new_node = Some(node_of(&object));
     call.authorize(&a)?;

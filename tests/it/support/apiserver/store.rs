@@ -93,6 +93,8 @@ pub struct State {
     compacted: u64,
     pub(crate) log: Vec<RequestRecord>,
     pub(crate) open_watches: usize,
+    pub(crate) open_connections: usize,
+    pub(crate) connections_accepted: usize,
     pub(crate) watch_bytes: usize,
     pub(crate) tokens: HashMap<String, UserInfo>,
     pub(crate) faults: Vec<Fault>,
@@ -114,6 +116,8 @@ impl State {
             compacted: 1,
             log: Vec::new(),
             open_watches: 0,
+            open_connections: 0,
+            connections_accepted: 0,
             watch_bytes: 0,
             tokens: HashMap::new(),
             faults: Vec::new(),
@@ -174,6 +178,16 @@ impl State {
     /// Watch streams currently open (a watch counts from its first byte to its end).
     pub fn open_watches(&self) -> usize {
         self.open_watches
+    }
+
+    /// TCP connections currently open (after the TLS handshake started).
+    pub fn open_connections(&self) -> usize {
+        self.open_connections
+    }
+
+    /// TCP connections accepted since start.
+    pub fn connections_accepted(&self) -> usize {
+        self.connections_accepted
     }
 
     /// Bytes sent on all watch streams so far.
