@@ -112,3 +112,23 @@ async fn wait_for_wakes_on_changes_and_times_out() -> Result<()> {
     assert_eq!(other.get(SLICES).await?.1["items"].as_array().map(Vec::len), Some(0));
     Ok(())
 }
+
+#[tokio::test]
+async fn graceful_stop_finishes_in_flight_requests_and_ends_watches() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    let (_, mut watch) = client.watch(&format!("{SLICES}?watch=true")).await?;
+    server.inject(Fault::next(1, FaultAction::Delay(Duration::from_millis(200))).path_contains("/version"));
+    let in_flight = tokio::spawn({
+        let client = Client::as_user(&server, "admin", &[])?;
+        async move { client.get("/version").await }
+    });
+    server.wait_for("the delayed request to arrive", Duration::from_secs(5), |s| s.in_flight() == 1).await?;
+    server.stop_gracefully().await;
+    assert_eq!(in_flight.await??.0, StatusCode::OK, "in-flight requests complete");
+    assert!(watch.next().await?.is_none(), "watches end cleanly");
+    assert_eq!(server.with_state(|s| s.open_connections()), 0);
+    assert!(client.get("/version").await.is_err());
+    server.restart()?;
+    assert_eq!(client.get("/version").await?.0, StatusCode::OK);
+    Ok(())
+}

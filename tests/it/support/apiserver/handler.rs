@@ -134,12 +134,29 @@ fn is_watch(params: &HashMap<String, String>) -> bool {
     matches!(params.get("watch").map(String::as_str), Some("true" | "1"))
 }
 
+/// Counts a request as in flight until its response head is ready or it is dropped.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.mutate(|s| s.in_flight += 1);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.mutate(|s| s.in_flight = s.in_flight.saturating_sub(1));
+    }
+}
+
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     cert_user: Option<UserInfo>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
+    let _in_flight = InFlight::new(&shared);
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     let path = parts.uri.path().to_owned();
@@ -173,6 +190,7 @@ pub(crate) async fn handle(
             request_bytes,
             response_bytes,
             at: started,
+            duration: started.elapsed(),
         });
     });
     Ok(response)

@@ -162,8 +162,8 @@ pub struct TestApiServer {
     addr: SocketAddr,
     tls: Arc<rustls::ServerConfig>,
     accept: Mutex<Option<JoinHandle<()>>>,
-    /// Generation bumped to drop every open connection.
-    kill: notify::Sender<u64>,
+    /// Bumped to close every open connection.
+    kill: notify::Sender<server::Shutdown>,
 }
 
 impl TestApiServer {
@@ -184,7 +184,7 @@ impl TestApiServer {
             pki,
             opts,
         });
-        let kill = notify::Sender::new(0);
+        let kill = notify::Sender::new(server::Shutdown::default());
         let accept = server::spawn_accept(listener, shared.clone(), tls.clone(), kill.subscribe());
         Ok(Self { shared, addr, tls, accept: Mutex::new(Some(accept)), kill })
     }
@@ -360,7 +360,23 @@ impl TestApiServer {
     /// open connection, watches included, has been closed.
     pub async fn stop(&self) {
         self.refuse_connections().await;
-        self.kill.send_modify(|g| *g += 1);
+        self.shut_down_connections(false).await;
+    }
+
+    /// Stops serving like an API server that shuts down cleanly: refuses new connections,
+    /// ends watches, sends HTTP/2 GOAWAY (HTTP/1.1 `Connection: close`) and lets in-flight
+    /// requests finish; returns when every connection is closed. State is kept.
+    pub async fn stop_gracefully(&self) {
+        self.refuse_connections().await;
+        self.close_watches();
+        self.shut_down_connections(true).await;
+    }
+
+    async fn shut_down_connections(&self, graceful: bool) {
+        self.kill.send_modify(|k| {
+            k.generation += 1;
+            k.graceful = graceful;
+        });
         let mut changed = self.shared.changed.subscribe();
         loop {
             changed.borrow_and_update();
@@ -373,6 +389,16 @@ impl TestApiServer {
     /// Serves again on the same port with the same state and certificates.
     pub fn restart(&self) -> Result<(), ApiServerError> {
         self.accept_connections()
+    }
+
+    /// Current end of the request log (see [`Self::writes_since`]).
+    pub fn request_mark(&self) -> usize {
+        self.shared.lock().request_mark()
+    }
+
+    /// Write requests (create/update/patch/delete) logged at or after `mark`.
+    pub fn writes_since(&self, mark: usize) -> usize {
+        self.shared.lock().writes_since(mark)
     }
 
     /// A snapshot of the request log.
@@ -416,6 +442,9 @@ impl Drop for TestApiServer {
         if let Some(task) = self.accept.lock().unwrap_or_else(PoisonError::into_inner).take() {
             task.abort();
         }
-        self.kill.send_modify(|g| *g += 1);
+        self.kill.send_modify(|k| {
+            k.generation += 1;
+            k.graceful = false;
+        });
     }
 }

@@ -67,7 +67,10 @@ pub struct RequestRecord {
     pub request_bytes: usize,
     /// Bytes of the (non-streaming) response body; for a watch, only its first flush.
     pub response_bytes: usize,
+    /// When the request arrived.
     pub at: Instant,
+    /// Time until the response head was ready (for a watch: until the stream started).
+    pub duration: std::time::Duration,
 }
 
 impl RequestRecord {
@@ -94,6 +97,7 @@ pub struct State {
     pub(crate) log: Vec<RequestRecord>,
     pub(crate) open_watches: usize,
     pub(crate) open_connections: usize,
+    pub(crate) in_flight: usize,
     pub(crate) connections_accepted: usize,
     pub(crate) watch_bytes: usize,
     pub(crate) tokens: HashMap<String, UserInfo>,
@@ -117,6 +121,7 @@ impl State {
             log: Vec::new(),
             open_watches: 0,
             open_connections: 0,
+            in_flight: 0,
             connections_accepted: 0,
             watch_bytes: 0,
             tokens: HashMap::new(),
@@ -183,6 +188,11 @@ impl State {
     /// TCP connections currently open (after the TLS handshake started).
     pub fn open_connections(&self) -> usize {
         self.open_connections
+    }
+
+    /// Requests received whose response head is not ready yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
     }
 
     /// TCP connections accepted since start.
