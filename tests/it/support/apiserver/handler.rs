@@ -17,8 +17,9 @@ use serde_json::Value;
 use super::authz::{self, Attributes};
 use super::convert::{self, ApiVersion};
 use super::faults::{self, FaultAction};
+use super::meta::with_type;
 use super::status::{ApiError, CLAIMS, NODES};
-use super::store::{RequestRecord, with_type};
+use super::store::RequestRecord;
 use super::{Shared, UserInfo, discovery, query, slices, watch};
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;

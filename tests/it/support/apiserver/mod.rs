@@ -38,11 +38,14 @@
 
 mod authz;
 mod claims;
+mod control;
 mod convert;
 mod discovery;
 mod faults;
 mod handler;
 mod kubeconfig;
+mod meta;
+mod objects;
 mod pki;
 mod quantity;
 mod query;
@@ -58,7 +61,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::sync::watch as notify;
 use tokio::task::JoinHandle;
 
@@ -227,213 +229,6 @@ impl TestApiServer {
     /// Writes `dir/kubeconfig-{user}.yaml` for `identity` (a token identity is registered too).
     pub fn write_kubeconfig(&self, dir: &Path, identity: &Identity) -> Result<PathBuf, ApiServerError> {
         kubeconfig::write(self, dir, identity)
-    }
-
-    /// Adds a Node (idempotent); returns its uid.
-    pub fn add_node(&self, name: &str) -> String {
-        self.shared.mutate(|s| s.add_node(name))
-    }
-
-    /// Creates or replaces a ResourceClaim given in v1 shape (see [`ClaimBuilder`]); returns
-    /// the stored object (uid kept across replacements unless the claim sets one).
-    pub fn put_claim(&self, claim: Value) -> Value {
-        self.shared.mutate(|s| s.put_claim(claim))
-    }
-
-    /// Replaces `status` of a stored claim; `None` if it does not exist.
-    pub fn set_claim_status(&self, namespace: &str, name: &str, status: Value) -> Option<Value> {
-        self.shared.mutate(|s| {
-            let mut claim = s.claim(namespace, name)?;
-            claim["status"] = status;
-            Some(s.put_claim(claim))
-        })
-    }
-
-    pub fn delete_claim(&self, namespace: &str, name: &str) -> Option<Value> {
-        self.shared.mutate(|s| s.delete_claim(namespace, name))
-    }
-
-    /// Records that a pod on `node` uses the claim, so the node authorizer lets `node` get it.
-    pub fn mark_claim_on_node(&self, namespace: &str, name: &str, node: &str) {
-        self.shared.mutate(|s| {
-            s.claim_nodes.entry((namespace.to_owned(), name.to_owned())).or_default().insert(node.to_owned())
-        });
-    }
-
-    /// All stored slices (v1 shape with kind/apiVersion), ordered by name.
-    pub fn slices(&self) -> Vec<Value> {
-        self.shared.lock().slices()
-    }
-
-    pub fn slice(&self, name: &str) -> Option<Value> {
-        self.shared.lock().slice(name)
-    }
-
-    /// Creates a slice as another writer would (no validation); returns the stored object.
-    pub fn create_slice(&self, slice: Value) -> Value {
-        let name = slice["metadata"]["name"].as_str().map_or_else(store::random_suffix, str::to_owned);
-        self.shared.mutate(|s| s.create_slice(&name, slice))
-    }
-
-    /// A foreign edit: applies `f` to the stored slice, bumps its resourceVersion and emits
-    /// MODIFIED. `None` if the slice does not exist.
-    pub fn edit_slice(&self, name: &str, f: impl FnOnce(&mut Value)) -> Option<Value> {
-        self.shared.mutate(|s| {
-            let mut slice = s.slices.get(name)?.clone();
-            f(&mut slice);
-            s.replace_slice(name, slice)
-        })
-    }
-
-    /// Deletes one slice as the kubelet would; `true` if it existed.
-    pub fn delete_slice_as_kubelet(&self, name: &str) -> bool {
-        self.shared.mutate(|s| s.delete_slice(name).is_some())
-    }
-
-    /// Kubelet-style wipe: deletes every slice of `node` (and of `driver`, if given).
-    /// Returns how many were deleted.
-    pub fn delete_slices_where(&self, node: &str, driver: Option<&str>) -> usize {
-        self.shared.mutate(|s| {
-            let names: Vec<String> = s
-                .slices
-                .iter()
-                .filter(|(_, v)| v["spec"]["nodeName"].as_str() == Some(node))
-                .filter(|(_, v)| driver.is_none_or(|d| v["spec"]["driver"].as_str() == Some(d)))
-                .map(|(k, _)| k.clone())
-                .collect();
-            names.iter().filter(|n| s.delete_slice(n).is_some()).count()
-        })
-    }
-
-    /// Adds a fault (see [`Fault::next`]).
-    pub fn inject(&self, fault: Fault) {
-        self.shared.mutate(|s| s.faults.push(fault));
-    }
-
-    /// Forbids `verb` on `resource` (plural, e.g. `resourceslices`) for `user`.
-    pub fn forbid(&self, user: &str, verb: &str, resource: &str) {
-        let rule = ForbidRule { user: user.to_owned(), verb: verb.to_owned(), resource: resource.to_owned() };
-        self.shared.mutate(|s| s.forbid.push(rule));
-    }
-
-    pub fn set_node_authorizer(&self, enabled: bool) {
-        self.shared.mutate(|s| s.node_authorizer = enabled);
-    }
-
-    pub fn set_gone_as_http_status(&self, enabled: bool) {
-        self.shared.mutate(|s| s.gone_as_http_status = enabled);
-    }
-
-    /// Drops the event history: watches from any older resourceVersion get 410.
-    pub fn compact(&self) {
-        self.shared.mutate(State::compact);
-    }
-
-    /// Ends every open watch stream cleanly (as an API server restart or timeout would).
-    pub fn close_watches(&self) {
-        self.shared.close_watches.send_modify(|g| *g += 1);
-    }
-
-    /// Stops accepting connections: once this returns, new connects are refused (the
-    /// listening socket is closed); open connections stay.
-    pub async fn refuse_connections(&self) {
-        let task = self.accept.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if let Some(task) = task {
-            task.abort();
-            // The listener is dropped with the task; wait for that.
-            let _ = task.await;
-        }
-    }
-
-    /// Accepts connections again on the same port (after refuse/stop).
-    pub fn accept_connections(&self) -> Result<(), ApiServerError> {
-        let mut accept = self.accept.lock().unwrap_or_else(PoisonError::into_inner);
-        if accept.is_some() {
-            return Ok(());
-        }
-        let listener = server::bind(self.addr).map_err(|source| ApiServerError::Bind { addr: self.addr, source })?;
-        *accept = Some(server::spawn_accept(listener, self.shared.clone(), self.tls.clone(), self.kill.subscribe()));
-        Ok(())
-    }
-
-    /// Stops serving (state is kept): once this returns, new connects are refused and every
-    /// open connection, watches included, has been closed.
-    pub async fn stop(&self) {
-        self.refuse_connections().await;
-        self.shut_down_connections(false).await;
-    }
-
-    /// Stops serving like an API server that shuts down cleanly: refuses new connections,
-    /// ends watches, sends HTTP/2 GOAWAY (HTTP/1.1 `Connection: close`) and lets in-flight
-    /// requests finish; returns when every connection is closed. State is kept.
-    pub async fn stop_gracefully(&self) {
-        self.refuse_connections().await;
-        self.close_watches();
-        self.shut_down_connections(true).await;
-    }
-
-    async fn shut_down_connections(&self, graceful: bool) {
-        self.kill.send_modify(|k| {
-            k.generation += 1;
-            k.graceful = graceful;
-        });
-        let mut changed = self.shared.changed.subscribe();
-        loop {
-            changed.borrow_and_update();
-            if self.shared.lock().open_connections == 0 || changed.changed().await.is_err() {
-                return;
-            }
-        }
-    }
-
-    /// Serves again on the same port with the same state and certificates.
-    pub fn restart(&self) -> Result<(), ApiServerError> {
-        self.accept_connections()
-    }
-
-    /// Current end of the request log (see [`Self::writes_since`]).
-    pub fn request_mark(&self) -> usize {
-        self.shared.lock().request_mark()
-    }
-
-    /// Write requests (create/update/patch/delete) logged at or after `mark`.
-    pub fn writes_since(&self, mark: usize) -> usize {
-        self.shared.lock().writes_since(mark)
-    }
-
-    /// A snapshot of the request log.
-    pub fn requests(&self) -> Vec<RequestRecord> {
-        self.shared.lock().requests().to_vec()
-    }
-
-    /// Runs `f` on the current state (read-only).
-    pub fn with_state<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        f(&self.shared.lock())
-    }
-
-    /// Waits until `f(state)` holds, re-checking after every change; fails after `timeout`.
-    pub async fn wait_for(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut f: impl FnMut(&State) -> bool,
-    ) -> Result<(), ApiServerError> {
-        let mut changed = self.shared.changed.subscribe();
-        let check = async {
-            loop {
-                changed.borrow_and_update();
-                if f(&self.shared.lock()) {
-                    return;
-                }
-                if changed.changed().await.is_err() {
-                    // The sender lives in `shared`, which we hold: unreachable, but never spin.
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::time::timeout(timeout, check)
-            .await
-            .map_err(|_| ApiServerError::Timeout { what: what.to_owned(), timeout })
     }
 }
 

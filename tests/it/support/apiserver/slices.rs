@@ -9,10 +9,10 @@ use serde_json::{Value, json};
 use super::authz::Attributes;
 use super::convert::{self, ApiVersion};
 use super::handler::{Call, Reply};
+use super::meta::now_rfc3339;
+use super::meta::{metadata_mut, random_suffix, with_type};
 use super::query::FieldSelector;
 use super::status::{ApiError, Cause, SLICES};
-use super::store::now_rfc3339;
-use super::store::{metadata_mut, random_suffix, with_type};
 use super::{quantity, validate};
 
 fn attrs<'a>(verb: &'static str, name: Option<&'a str>) -> Attributes<'a> {
