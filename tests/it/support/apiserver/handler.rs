@@ -127,8 +127,13 @@ fn authenticate(shared: &Shared, cert_user: Option<UserInfo>, headers: &HeaderMa
     if cert_user.is_some() {
         return cert_user;
     }
-    let token = headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?.trim();
-    shared.lock().tokens.get(token).cloned()
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return None;
+    }
+    shared.lock().tokens.0.get(token).cloned()
 }
 
 fn is_watch(params: &HashMap<String, String>) -> bool {
@@ -172,7 +177,7 @@ pub(crate) async fn handle(
         Some(user) => {
             let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
             let call = Call { shared: &shared, user, params, content_type, body };
-            serve(&call, &route, &parts.method, verb).await
+            serve(&call, &route, &parts.method, &path, verb).await
         }
     };
     let (response, response_bytes) = render(outcome);
@@ -197,8 +202,14 @@ pub(crate) async fn handle(
     Ok(response)
 }
 
-async fn serve(call: &Call<'_>, route: &Route, method: &Method, verb: &'static str) -> Result<Reply, ApiError> {
-    let fault = faults::take(&mut call.shared.lock().faults, method, &call_path(route));
+async fn serve(
+    call: &Call<'_>,
+    route: &Route,
+    method: &Method,
+    path: &str,
+    verb: &'static str,
+) -> Result<Reply, ApiError> {
+    let fault = faults::take(&mut call.shared.lock().faults, method, path);
     match fault {
         Some(FaultAction::InternalError) => return Err(ApiError::internal("injected fault".to_owned())),
         Some(FaultAction::TooManyRequests { retry_after_secs }) => {
@@ -225,23 +236,6 @@ async fn serve(call: &Call<'_>, route: &Route, method: &Method, verb: &'static s
         (Route::Node(name), "get") => node_get(call, name),
         (Route::Unknown, _) => Err(ApiError::path_not_found()),
         _ => Err(ApiError::method_not_allowed(method.as_str())),
-    }
-}
-
-/// The path fault predicates match against (the route's canonical path).
-fn call_path(route: &Route) -> String {
-    match route {
-        Route::Version => "/version".to_owned(),
-        Route::CoreGroup => "/api".to_owned(),
-        Route::CoreV1 => "/api/v1".to_owned(),
-        Route::Apis => "/apis".to_owned(),
-        Route::Group => "/apis/resource.k8s.io".to_owned(),
-        Route::GroupVersion(v) => format!("/apis/resource.k8s.io/{}", v.as_str()),
-        Route::Node(n) => format!("/api/v1/nodes/{n}"),
-        Route::Slices(v) => format!("/apis/resource.k8s.io/{}/resourceslices", v.as_str()),
-        Route::Slice(v, n) => format!("/apis/resource.k8s.io/{}/resourceslices/{n}", v.as_str()),
-        Route::Claim(v, ns, n) => format!("/apis/resource.k8s.io/{}/namespaces/{ns}/resourceclaims/{n}", v.as_str()),
-        Route::Unknown => String::new(),
     }
 }
 

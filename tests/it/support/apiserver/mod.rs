@@ -223,7 +223,7 @@ impl TestApiServer {
     /// Accepts `Authorization: Bearer {token}` as `user` in `groups`.
     pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
         let info = UserInfo { user: user.to_owned(), groups: groups.iter().map(|g| (*g).to_owned()).collect() };
-        self.shared.mutate(|s| s.tokens.insert(token.to_owned(), info));
+        self.shared.mutate(|s| s.tokens.0.insert(token.to_owned(), info));
     }
 
     /// Writes `dir/kubeconfig-{user}.yaml` for `identity` (a token identity is registered too).

@@ -48,7 +48,7 @@ impl EventType {
 pub struct Event {
     pub rv: u64,
     pub kind: Kind,
-    pub kind_type: EventType,
+    pub event_type: EventType,
     pub object: Value,
 }
 
@@ -66,7 +66,7 @@ pub struct RequestRecord {
     pub user: Option<String>,
     pub status: u16,
     pub request_bytes: usize,
-    /// Bytes of the (non-streaming) response body; for a watch, only its first flush.
+    /// Bytes of the response body; 0 for a watch (see [`State::watch_bytes`]).
     pub response_bytes: usize,
     /// When the request arrived.
     pub at: Instant,
@@ -78,6 +78,16 @@ impl RequestRecord {
     /// Whether the request changed (or tried to change) state.
     pub fn is_write(&self) -> bool {
         matches!(self.verb, "create" | "update" | "patch" | "delete")
+    }
+}
+
+/// Registered bearer tokens; `Debug` prints only the users.
+#[derive(Default)]
+pub(crate) struct Tokens(pub(crate) HashMap<String, UserInfo>);
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.values().map(|u| &u.user)).finish()
     }
 }
 
@@ -101,7 +111,7 @@ pub struct State {
     pub(crate) in_flight: usize,
     pub(crate) connections_accepted: usize,
     pub(crate) watch_bytes: usize,
-    pub(crate) tokens: HashMap<String, UserInfo>,
+    pub(crate) tokens: Tokens,
     pub(crate) faults: Vec<Fault>,
     pub(crate) forbid: Vec<ForbidRule>,
     pub(crate) node_authorizer: bool,
@@ -125,7 +135,7 @@ impl State {
             in_flight: 0,
             connections_accepted: 0,
             watch_bytes: 0,
-            tokens: HashMap::new(),
+            tokens: Tokens::default(),
             faults: Vec::new(),
             forbid: Vec::new(),
             node_authorizer: false,
@@ -221,9 +231,9 @@ impl State {
         self.rv
     }
 
-    fn record(&mut self, kind: Kind, kind_type: EventType, object: Value) {
+    fn record(&mut self, kind: Kind, event_type: EventType, object: Value) {
         let rv = self.rv;
-        self.history.push_back(Event { rv, kind, kind_type, object });
+        self.history.push_back(Event { rv, kind, event_type, object });
         while self.history.len() > self.history_limit {
             if let Some(old) = self.history.pop_front() {
                 self.compacted = self.compacted.max(old.rv);
@@ -306,8 +316,8 @@ impl State {
         meta.insert("resourceVersion".to_owned(), json!(rv.to_string()));
         meta.entry("generation").or_insert(json!(1));
         self.claims.insert(key, claim.clone());
-        let kind_type = if old.is_some() { EventType::Modified } else { EventType::Added };
-        self.record(Kind::Claim, kind_type, claim.clone());
+        let event_type = if old.is_some() { EventType::Modified } else { EventType::Added };
+        self.record(Kind::Claim, event_type, claim.clone());
         claim
     }
 

@@ -79,8 +79,13 @@ impl WatchStream {
             tokio::select! {
                 changed = self.changed.changed() => if changed.is_err() { self.done = true },
                 _ = tokio::time::sleep_until(self.next_bookmark), if self.bookmarks => {
-                    let rv = self.shared.lock().resource_version();
-                    self.last_rv = self.last_rv.max(rv);
+                    // Events that raced in come first; the bookmark then carries the
+                    // resourceVersion up to which this watch has seen everything.
+                    self.collect();
+                    if self.done {
+                        continue;
+                    }
+                    let rv = self.last_rv;
                     let object = json!({
                         "kind": "ResourceSlice",
                         "apiVersion": self.version.group_version(),
@@ -106,7 +111,7 @@ impl WatchStream {
         }
         for event in state.events_after(self.last_rv, Kind::Slice) {
             if self.selector.matches(&event.object) {
-                self.pending.push_back(line(event.kind_type.as_str(), out(self.version, &event.object)));
+                self.pending.push_back(line(event.event_type.as_str(), out(self.version, &event.object)));
             }
         }
         self.last_rv = state.resource_version();
