@@ -7,7 +7,7 @@ use anyhow::Result;
 use http::{Method, StatusCode};
 use serde_json::json;
 
-use super::{SLICES, rv, slice, start};
+use super::{Alpn, Client, Creds, SLICES, rv, slice, start};
 use crate::support::apiserver::Options;
 
 #[tokio::test]
@@ -143,5 +143,21 @@ async fn streaming_list_sends_initial_events_then_an_end_bookmark() -> Result<()
     drop(events);
     server.wait_for("the watch to close", Duration::from_secs(5), |s| s.open_watches() == 0).await?;
     assert!(server.with_state(|s| s.watch_bytes()) > 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn watch_streams_over_http11_and_is_authorized_like_list() -> Result<()> {
+    let (server, _) = start(Options { node_authorizer: true, ..Options::default() }).await?;
+    let (cert, key) = server.issue_client_cert("system:node:node-a", &["system:nodes"])?;
+    let node = Client::new(&server, Creds::Cert(&cert, &key), Alpn::Http11)?;
+    let (status, _) = node.watch(&format!("{SLICES}?watch=true")).await?;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, mut events) = node.watch(&format!("{SLICES}?watch=true&fieldSelector=spec.nodeName%3Dnode-a")).await?;
+    assert_eq!(status, StatusCode::OK);
+    server.create_slice(slice("other", "node-b", "gpu.example.com", 1));
+    server.create_slice(slice("mine", "node-a", "gpu.example.com", 1));
+    let event = events.next_change().await?;
+    assert_eq!((event["type"].as_str(), event["object"]["metadata"]["name"].as_str()), (Some("ADDED"), Some("mine")));
     Ok(())
 }
