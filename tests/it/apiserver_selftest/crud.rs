@@ -198,6 +198,15 @@ async fn v1beta1_shapes_round_trip() -> Result<()> {
     let (_, v1) = client.get(&format!("{SLICES}/beta")).await?;
     assert_eq!(v1["spec"]["devices"][0]["capacity"]["memory"]["value"], "1Gi");
     assert!(v1["spec"]["devices"][0].get("basic").is_none());
+    let (response, _) = client.send(Method::GET, beta, None).await?;
+    let warning = response.headers().get(http::header::WARNING).and_then(|w| w.to_str().ok()).unwrap_or_default();
+    assert_eq!(
+        warning,
+        "299 - \"resource.k8s.io/v1beta1 ResourceSlice is deprecated in v1.35+, unavailable in v1.38+; \
+         use resource.k8s.io/v1 ResourceSlice\""
+    );
+    let (response, _) = client.send(Method::GET, SLICES, None).await?;
+    assert!(response.headers().get(http::header::WARNING).is_none());
     // A v1 body on the v1beta1 path is refused by apiVersion.
     assert_eq!(
         client.json(Method::POST, beta, Some(&slice("x", "n", "gpu.example.com", 1))).await?.0,

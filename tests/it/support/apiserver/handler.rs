@@ -180,7 +180,12 @@ pub(crate) async fn handle(
             serve(&call, &route, &parts.method, &path, verb).await
         }
     };
-    let (response, response_bytes) = render(outcome);
+    let (mut response, response_bytes) = render(outcome);
+    if let Some(warning) = deprecation_warning(&route, &shared.opts.git_version)
+        && let Ok(value) = http::HeaderValue::from_str(&warning)
+    {
+        response.headers_mut().insert(header::WARNING, value);
+    }
     let status = response.status().as_u16();
     tracing::debug!(method = %parts.method, %path, status, user = user.as_ref().map(|u| u.user.as_str()), "test API server request");
     shared.mutate(|s| {
@@ -277,6 +282,28 @@ fn node_get(call: &Call<'_>, name: &str) -> Result<Reply, ApiError> {
     call.authorize(&attrs)?;
     let node = call.shared.lock().nodes.get(name).cloned().ok_or_else(|| ApiError::not_found(NODES, name))?;
     Ok(Reply::Json(StatusCode::OK, with_type(&node, "v1", "Node")))
+}
+
+/// The `Warning: 299` header the real server adds for a deprecated version, from the
+/// release that deprecated it (v1beta1: 1.35, removed 1.38; v1beta2: 1.36, removed 1.39).
+fn deprecation_warning(route: &Route, git_version: &str) -> Option<String> {
+    let (version, kind) = match route {
+        Route::Slices(v) | Route::Slice(v, _) => (*v, "ResourceSlice"),
+        Route::Claim(v, _, _) => (*v, "ResourceClaim"),
+        _ => return None,
+    };
+    let (deprecated, removed) = match version {
+        ApiVersion::V1beta1 => (35, 38),
+        ApiVersion::V1beta2 => (36, 39),
+        ApiVersion::V1 => return None,
+    };
+    let minor: u32 = git_version.trim_start_matches('v').split('.').nth(1)?.parse().ok()?;
+    (minor >= deprecated).then(|| {
+        format!(
+            "299 - \"{} {kind} is deprecated in v1.{deprecated}+, unavailable in v1.{removed}+; use resource.k8s.io/v1 {kind}\"",
+            version.group_version()
+        )
+    })
 }
 
 fn render(outcome: Result<Reply, ApiError>) -> (Response<Body>, usize) {
