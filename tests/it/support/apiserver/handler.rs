@@ -181,7 +181,8 @@ pub(crate) async fn handle(
         }
     };
     let (mut response, response_bytes) = render(outcome);
-    if let Some(warning) = deprecation_warning(&route, &shared.opts.git_version)
+    if user.is_some()
+        && let Some(warning) = deprecation_warning(&route, &shared.opts.git_version)
         && let Ok(value) = http::HeaderValue::from_str(&warning)
     {
         response.headers_mut().insert(header::WARNING, value);
