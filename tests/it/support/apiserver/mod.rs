@@ -226,9 +226,17 @@ impl TestApiServer {
         self.shared.mutate(|s| s.tokens.0.insert(token.to_owned(), info));
     }
 
-    /// Writes `dir/kubeconfig-{user}.yaml` for `identity` (a token identity is registered too).
+    /// Writes `dir/kubeconfig-{user}.yaml` (mode 0600) for `identity` with embedded
+    /// `*-data` credentials; a token identity is registered with the server too.
     pub fn write_kubeconfig(&self, dir: &Path, identity: &Identity) -> Result<PathBuf, ApiServerError> {
-        kubeconfig::write(self, dir, identity)
+        kubeconfig::write(self, dir, identity, kubeconfig::Style::Embedded)
+    }
+
+    /// Like [`Self::write_kubeconfig`], but the CA, client certificate and key are PEM files
+    /// in `dir` referenced by path (`certificate-authority`, `client-certificate`,
+    /// `client-key`), as in k3s-written kubeconfigs.
+    pub fn write_kubeconfig_files(&self, dir: &Path, identity: &Identity) -> Result<PathBuf, ApiServerError> {
+        kubeconfig::write(self, dir, identity, kubeconfig::Style::Files)
     }
 }
 
