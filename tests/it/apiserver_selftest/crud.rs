@@ -286,3 +286,24 @@ async fn merge_patch_updates_like_put() -> Result<()> {
     assert_eq!(server.slice("s").unwrap_or_default()["spec"]["pool"]["generation"], 5);
     Ok(())
 }
+
+#[tokio::test]
+async fn deleting_a_node_collects_the_slices_it_owns() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    let uid = server.add_node("node-a");
+    assert_eq!(server.add_node("node-a"), uid, "adding a node again keeps it");
+    let (_, node) = client.get("/api/v1/nodes/node-a").await?;
+    assert_eq!((node["kind"].as_str(), node["apiVersion"].as_str()), (Some("Node"), Some("v1")));
+    assert_eq!(node["metadata"]["uid"], uid);
+    let mut owned = slice("owned", "node-a", "gpu.example.com", 1);
+    owned["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": uid, "controller": true}]);
+    client.json(Method::POST, SLICES, Some(&owned)).await?;
+    client.json(Method::POST, SLICES, Some(&slice("unowned", "node-a", "gpu.example.com", 1))).await?;
+    assert_eq!(server.delete_node("node-a"), Some(1));
+    assert_eq!(server.delete_node("node-a"), None);
+    assert!(server.slice("owned").is_none());
+    assert!(server.slice("unowned").is_some());
+    assert_eq!(client.get("/api/v1/nodes/node-a").await?.0, StatusCode::NOT_FOUND);
+    Ok(())
+}

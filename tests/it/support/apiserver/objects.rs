@@ -12,7 +12,27 @@ impl TestApiServer {
         self.shared.mutate(|s| s.add_node(name))
     }
 
-    /// Creates or replaces a ResourceClaim given in v1 shape (see [`ClaimBuilder`]); returns
+    /// Deletes a Node and, like the garbage collector, every slice with an ownerReference to
+    /// its uid. Returns the number of slices collected, or `None` if the node did not exist.
+    pub fn delete_node(&self, name: &str) -> Option<usize> {
+        self.shared.mutate(|s| {
+            let node = s.delete_node(name)?;
+            let uid = node["metadata"]["uid"].clone();
+            let owned: Vec<String> = s
+                .slices
+                .iter()
+                .filter(|(_, slice)| {
+                    slice["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            Some(owned.iter().filter(|n| s.delete_slice(n).is_some()).count())
+        })
+    }
+
+    /// Creates or replaces a ResourceClaim given in v1 shape (see [`super::ClaimBuilder`]); returns
     /// the stored object (uid kept across replacements unless the claim sets one).
     pub fn put_claim(&self, claim: Value) -> Value {
         self.shared.mutate(|s| s.put_claim(claim))

@@ -329,6 +329,14 @@ impl State {
         Some(claim)
     }
 
+    pub(crate) fn delete_node(&mut self, name: &str) -> Option<Value> {
+        let mut node = self.nodes.remove(name)?;
+        let rv = self.next_rv();
+        metadata_mut(&mut node).insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        self.record(Kind::Node, EventType::Deleted, node.clone());
+        Some(node)
+    }
+
     /// Adds (or returns the existing) Node; returns its uid.
     pub(crate) fn add_node(&mut self, name: &str) -> String {
         if let Some(uid) = self.nodes.get(name).and_then(|n| n["metadata"]["uid"].as_str()) {
