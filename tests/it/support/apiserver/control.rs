@@ -8,7 +8,8 @@ use std::time::Duration;
 use super::{ApiServerError, Fault, ForbidRule, RequestRecord, State, TestApiServer, server};
 
 impl TestApiServer {
-    /// Adds a fault (see [`Fault::next`]).
+    /// Adds a fault (see [`Fault::next`]); faults are consulted in the order added, after
+    /// authentication. `times: usize::MAX` makes it permanent (e.g. a fixed latency).
     pub fn inject(&self, fault: Fault) {
         self.shared.mutate(|s| s.faults.push(fault));
     }
@@ -114,7 +115,9 @@ impl TestApiServer {
         f(&self.shared.lock())
     }
 
-    /// Waits until `f(state)` holds, re-checking after every change; fails after `timeout`.
+    /// Waits until `f(state)` holds, re-checking after every change of the state (objects,
+    /// request log, gauges); fails with [`ApiServerError::Timeout`] after `timeout`. `f` runs
+    /// under the state lock: it must not call back into the handle.
     pub async fn wait_for(
         &self,
         what: &str,
