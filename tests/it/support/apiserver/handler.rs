@@ -24,6 +24,9 @@ use super::{Shared, UserInfo, discovery, query, slices, watch};
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
+/// kube-apiserver's `--max-resource-write-bytes` default (3 MiB).
+const MAX_REQUEST_BODY_BYTES: usize = 3 * 1024 * 1024;
+
 /// A successful answer: a JSON document or a streaming body (watch).
 pub(crate) enum Reply {
     Json(StatusCode, Value),
@@ -174,6 +177,12 @@ pub(crate) async fn handle(
     let request_bytes = body.len();
     let outcome = match &user {
         None => Err(ApiError::unauthorized()),
+        Some(_) if request_bytes > MAX_REQUEST_BODY_BYTES => Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {MAX_REQUEST_BODY_BYTES}"),
+            None,
+        )),
         Some(user) => {
             let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
             let call = Call { shared: &shared, user, params, content_type, body };

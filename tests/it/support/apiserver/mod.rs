@@ -28,13 +28,18 @@
 //! DeleteCollection, finalizers and graceful deletion, the `/status` subresources, list or
 //! watch of claims and nodes, writes of claims and nodes by clients, DeviceClasses and other
 //! kinds, protobuf and CBOR encodings, aggregated discovery (`apidiscovery.k8s.io/v2`),
-//! OpenAPI, RBAC objects, admission webhooks and ValidatingAdmissionPolicies, API priority
-//! and fairness (429 only when injected), full validation (only the limits in
-//! `validate.rs`), watch events that move objects in or out of a field selector (events are
-//! filtered on the new object), request body size limits, and client certificates with more
-//! than two groups. Writes made through the handle (`create_slice`, `edit_slice`) bypass
-//! validation and canonicalization. Error reasons follow the real server: an expired watch
-//! is reason `Expired` with code 410.
+//! OpenAPI, RBAC objects, service-account tokens and their node-name extra, admission
+//! webhooks and ValidatingAdmissionPolicies, API priority and fairness (429 only when
+//! injected), full validation (only the limits in `validate.rs`), watch events that move
+//! objects in or out of a field selector (events are filtered on the new object; the
+//! selectable slice fields are immutable anyway), and client certificates with more than
+//! two groups. Bodies over 3 MiB get `413` like the real default limit. Writes made through
+//! the handle (`create_slice`, `edit_slice`) bypass validation and canonicalization. Error
+//! reasons follow the real server: an expired watch is reason `Expired` with code 410.
+//!
+//! Run it on real time: under paused tokio time its timers (bookmarks, watch timeouts,
+//! injected delays, `wait_for` deadlines) jump ahead whenever the runtime waits for socket
+//! I/O.
 
 mod authz;
 mod claims;
