@@ -263,6 +263,11 @@ async fn unsupported_requests_are_refused_with_status() -> Result<()> {
     let (status, body) = client.get("/apis/resource.k8s.io/v1/deviceclasses").await?;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["reason"], "NotFound");
+    let mut huge = slice("huge", "n", "gpu.example.com", 1);
+    huge["metadata"]["annotations"] = json!({"padding": "x".repeat(3 * 1024 * 1024)});
+    let (status, body) = client.json(Method::POST, SLICES, Some(&huge)).await?;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["reason"], "RequestEntityTooLarge");
     Ok(())
 }
 
