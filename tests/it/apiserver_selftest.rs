@@ -5,6 +5,7 @@
 mod auth;
 mod crud;
 mod faults;
+mod fidelity;
 mod watch;
 
 use std::sync::Arc;
@@ -84,6 +85,24 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(http::Response<Incoming>, Option<Vec<u8>>)> {
+        self.send_typed(method, path, body, "application/json").await
+    }
+
+    /// PATCH with the given patch Content-Type.
+    pub async fn patch(&self, path: &str, content_type: &str, patch: &Value) -> Result<(StatusCode, Value)> {
+        let (response, _) = self.send_typed(Method::PATCH, path, Some(patch), content_type).await?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await?.to_bytes();
+        Ok((status, serde_json::from_slice(&bytes)?))
+    }
+
+    async fn send_typed(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        content_type: &str,
+    ) -> Result<(http::Response<Incoming>, Option<Vec<u8>>)> {
         let tcp = TcpStream::connect(self.addr).await?;
         let tls = self.connector.connect(ServerName::try_from("localhost")?, tcp).await?;
         let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
@@ -93,7 +112,7 @@ impl Client {
             .uri(format!("https://localhost:{}{path}", self.addr.port()))
             .header(header::ACCEPT, "application/json");
         if !bytes.is_empty() {
-            request = request.header(header::CONTENT_TYPE, "application/json");
+            request = request.header(header::CONTENT_TYPE, content_type);
         }
         if let Some(token) = &self.token {
             request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));

@@ -104,6 +104,20 @@ async fn kubeconfig_carries_working_credentials() -> Result<()> {
     }
     let users: Vec<Option<String>> = server.requests().into_iter().map(|r| r.user).collect();
     assert_eq!(users, [Some("system:node:node-a".to_owned()), Some("driver".to_owned())]);
+
+    let files = tempfile::tempdir()?;
+    let path = server.write_kubeconfig_files(files.path(), &Identity::cert("admin", &["system:masters"]))?;
+    let config: Value = yaml_serde::from_str(&std::fs::read_to_string(&path)?)?;
+    let read = |v: &Value| -> Result<String> {
+        Ok(std::fs::read_to_string(v.as_str().ok_or_else(|| anyhow!("path missing"))?)?)
+    };
+    assert_eq!(read(&config["clusters"][0]["cluster"]["certificate-authority"])?, server.ca_pem());
+    let user = &config["users"][0]["user"];
+    let client =
+        Client::new(&server, Creds::Cert(&read(&user["client-certificate"])?, &read(&user["client-key"])?), Alpn::H2)?;
+    assert_eq!(client.get("/version").await?.0, StatusCode::OK);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&path)?.permissions().mode() & 0o777, 0o600);
     Ok(())
 }
 

@@ -198,6 +198,15 @@ async fn v1beta1_shapes_round_trip() -> Result<()> {
     let (_, v1) = client.get(&format!("{SLICES}/beta")).await?;
     assert_eq!(v1["spec"]["devices"][0]["capacity"]["memory"]["value"], "1Gi");
     assert!(v1["spec"]["devices"][0].get("basic").is_none());
+    let (response, _) = client.send(Method::GET, beta, None).await?;
+    let warning = response.headers().get(http::header::WARNING).and_then(|w| w.to_str().ok()).unwrap_or_default();
+    assert_eq!(
+        warning,
+        "299 - \"resource.k8s.io/v1beta1 ResourceSlice is deprecated in v1.35+, unavailable in v1.38+; \
+         use resource.k8s.io/v1 ResourceSlice\""
+    );
+    let (response, _) = client.send(Method::GET, SLICES, None).await?;
+    assert!(response.headers().get(http::header::WARNING).is_none());
     // A v1 body on the v1beta1 path is refused by apiVersion.
     assert_eq!(
         client.json(Method::POST, beta, Some(&slice("x", "n", "gpu.example.com", 1))).await?.0,
@@ -220,5 +229,86 @@ async fn v1beta1_shapes_round_trip() -> Result<()> {
     assert_eq!(v1_claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"], "gpu.example.com");
     assert_eq!(v1_claim["status"]["allocation"]["devices"]["results"][0]["device"], "gpu-0");
     assert_eq!(v1_claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"], "none");
+    Ok(())
+}
+
+#[tokio::test]
+async fn create_with_resource_version_and_identical_update_behave_like_etcd() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    let mut with_rv = slice("s", "n", "gpu.example.com", 1);
+    with_rv["metadata"]["resourceVersion"] = json!("5");
+    let (status, body) = client.json(Method::POST, SLICES, Some(&with_rv)).await?;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body["message"], "resourceVersion should not be set on objects to be created");
+    assert!(body.get("reason").is_none());
+
+    let (_, created) = client.json(Method::POST, SLICES, Some(&slice("s", "n", "gpu.example.com", 1))).await?;
+    let before = server.with_state(|s| s.resource_version());
+    let (status, same) = client.json(Method::PUT, &format!("{SLICES}/s"), Some(&created)).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(same["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"]);
+    assert_eq!(server.with_state(|s| s.resource_version()), before, "an identical update writes nothing");
+    Ok(())
+}
+
+#[tokio::test]
+async fn unsupported_requests_are_refused_with_status() -> Result<()> {
+    let (_server, client) = start(Options::default()).await?;
+    client.json(Method::POST, SLICES, Some(&slice("s", "n", "gpu.example.com", 1))).await?;
+    let (status, body) = client.json(Method::PATCH, &format!("{SLICES}/s"), Some(&json!([]))).await?;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "JSON patch is not emulated");
+    assert_eq!(body["kind"], "Status");
+    let (status, _) = client.json(Method::DELETE, SLICES, None).await?;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "DeleteCollection is not emulated");
+    let (status, body) = client.get("/apis/resource.k8s.io/v1/deviceclasses").await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["reason"], "NotFound");
+    let mut huge = slice("huge", "n", "gpu.example.com", 1);
+    huge["metadata"]["annotations"] = json!({"padding": "x".repeat(3 * 1024 * 1024)});
+    let (status, body) = client.json(Method::POST, SLICES, Some(&huge)).await?;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["reason"], "RequestEntityTooLarge");
+    Ok(())
+}
+
+#[tokio::test]
+async fn merge_patch_updates_like_put() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    let (_, created) = client.json(Method::POST, SLICES, Some(&slice("s", "n", "gpu.example.com", 1))).await?;
+    let path = format!("{SLICES}/s");
+    let patch = json!({"spec": {"pool": {"generation": 5}}});
+    let (status, patched) = client.patch(&path, "application/merge-patch+json", &patch).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(patched["spec"]["pool"]["generation"], 5);
+    assert_eq!(patched["spec"]["pool"]["resourceSliceCount"], 1);
+    assert_eq!(patched["metadata"]["generation"], 2);
+    let stale = json!({"metadata": {"resourceVersion": created["metadata"]["resourceVersion"]}, "spec": {"pool": {"generation": 6}}});
+    let (status, _) = client.patch(&path, "application/merge-patch+json", &stale).await?;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, _) =
+        client.patch(&path, "application/merge-patch+json", &json!({"spec": {"driver": "x.example.com"}})).await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(server.slice("s").unwrap_or_default()["spec"]["pool"]["generation"], 5);
+    Ok(())
+}
+
+#[tokio::test]
+async fn deleting_a_node_collects_the_slices_it_owns() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    let uid = server.add_node("node-a");
+    assert_eq!(server.add_node("node-a"), uid, "adding a node again keeps it");
+    let (_, node) = client.get("/api/v1/nodes/node-a").await?;
+    assert_eq!((node["kind"].as_str(), node["apiVersion"].as_str()), (Some("Node"), Some("v1")));
+    assert_eq!(node["metadata"]["uid"], uid);
+    let mut owned = slice("owned", "node-a", "gpu.example.com", 1);
+    owned["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": uid, "controller": true}]);
+    client.json(Method::POST, SLICES, Some(&owned)).await?;
+    client.json(Method::POST, SLICES, Some(&slice("unowned", "node-a", "gpu.example.com", 1))).await?;
+    assert_eq!(server.delete_node("node-a"), Some(1));
+    assert_eq!(server.delete_node("node-a"), None);
+    assert!(server.slice("owned").is_none());
+    assert!(server.slice("unowned").is_some());
+    assert_eq!(client.get("/api/v1/nodes/node-a").await?.0, StatusCode::NOT_FOUND);
     Ok(())
 }

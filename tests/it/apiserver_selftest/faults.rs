@@ -62,7 +62,8 @@ async fn restart_on_the_same_port_keeps_state() -> Result<()> {
     let (_, mut watch) = client.watch(&format!("{SLICES}?watch=true&resourceVersion=1")).await?;
     assert_eq!(watch.next_change().await?["type"], "ADDED");
 
-    server.stop();
+    server.stop().await;
+    assert_eq!(server.with_state(|s| s.open_connections()), 0);
     let after_stop = watch.next().await;
     assert!(!matches!(after_stop, Ok(Some(_))), "open connections are dropped: {after_stop:?}");
     assert!(client.get("/version").await.is_err(), "connections are refused while stopped");
@@ -80,7 +81,7 @@ async fn refused_connections_keep_open_ones() -> Result<()> {
     let (server, client) = start(Options::default()).await?;
     let (_, mut watch) = client.watch(&format!("{SLICES}?watch=true")).await?;
     server.wait_for("the watch", Duration::from_secs(5), |s| s.count_verb("watch") == 1).await?;
-    server.refuse_connections();
+    server.refuse_connections().await;
     assert!(client.get("/version").await.is_err());
     server.create_slice(slice("late", "n", "gpu.example.com", 1));
     assert_eq!(watch.next_change().await?["object"]["metadata"]["name"], "late");
@@ -109,5 +110,25 @@ async fn wait_for_wakes_on_changes_and_times_out() -> Result<()> {
     assert_eq!(server.delete_slices_where("n", Some("gpu.example.com")), 2);
     let other = Client::as_user(&server, "viewer", &[])?;
     assert_eq!(other.get(SLICES).await?.1["items"].as_array().map(Vec::len), Some(0));
+    Ok(())
+}
+
+#[tokio::test]
+async fn graceful_stop_finishes_in_flight_requests_and_ends_watches() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    let (_, mut watch) = client.watch(&format!("{SLICES}?watch=true")).await?;
+    server.inject(Fault::next(1, FaultAction::Delay(Duration::from_millis(200))).path_contains("/version"));
+    let in_flight = tokio::spawn({
+        let client = Client::as_user(&server, "admin", &[])?;
+        async move { client.get("/version").await }
+    });
+    server.wait_for("the delayed request to arrive", Duration::from_secs(5), |s| s.in_flight() == 1).await?;
+    server.stop_gracefully().await;
+    assert_eq!(in_flight.await??.0, StatusCode::OK, "in-flight requests complete");
+    assert!(watch.next().await?.is_none(), "watches end cleanly");
+    assert_eq!(server.with_state(|s| s.open_connections()), 0);
+    assert!(client.get("/version").await.is_err());
+    server.restart()?;
+    assert_eq!(client.get("/version").await?.0, StatusCode::OK);
     Ok(())
 }

@@ -7,7 +7,7 @@ use anyhow::Result;
 use http::{Method, StatusCode};
 use serde_json::json;
 
-use super::{SLICES, rv, slice, start};
+use super::{Alpn, Client, Creds, SLICES, rv, slice, start};
 use crate::support::apiserver::Options;
 
 #[tokio::test]
@@ -118,5 +118,46 @@ async fn close_watches_ends_open_streams() -> Result<()> {
     server.wait_for("the watch to be logged", Duration::from_secs(5), |s| s.count_verb("watch") == 1).await?;
     server.close_watches();
     assert!(events.next().await?.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn streaming_list_sends_initial_events_then_an_end_bookmark() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    client.json(Method::POST, SLICES, Some(&slice("a", "node-a", "gpu.example.com", 1))).await?;
+    let (status, body) = client.get(&format!("{SLICES}?watch=true&sendInitialEvents=true")).await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["reason"], "Invalid");
+
+    let query = format!(
+        "{SLICES}?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+    );
+    let (_, mut events) = client.watch(&query).await?;
+    let added = events.next().await?.unwrap_or_default();
+    assert_eq!((added["type"].as_str(), added["object"]["metadata"]["name"].as_str()), (Some("ADDED"), Some("a")));
+    let end = events.next().await?.unwrap_or_default();
+    assert_eq!(end["type"], "BOOKMARK");
+    assert_eq!(end["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+    assert_eq!(rv(&end["object"])?, server.with_state(|s| s.resource_version()));
+    assert_eq!(server.with_state(|s| s.open_watches()), 1);
+    drop(events);
+    server.wait_for("the watch to close", Duration::from_secs(5), |s| s.open_watches() == 0).await?;
+    assert!(server.with_state(|s| s.watch_bytes()) > 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn watch_streams_over_http11_and_is_authorized_like_list() -> Result<()> {
+    let (server, _) = start(Options { node_authorizer: true, ..Options::default() }).await?;
+    let (cert, key) = server.issue_client_cert("system:node:node-a", &["system:nodes"])?;
+    let node = Client::new(&server, Creds::Cert(&cert, &key), Alpn::Http11)?;
+    let (status, _) = node.watch(&format!("{SLICES}?watch=true")).await?;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, mut events) = node.watch(&format!("{SLICES}?watch=true&fieldSelector=spec.nodeName%3Dnode-a")).await?;
+    assert_eq!(status, StatusCode::OK);
+    server.create_slice(slice("other", "node-b", "gpu.example.com", 1));
+    server.create_slice(slice("mine", "node-a", "gpu.example.com", 1));
+    let event = events.next_change().await?;
+    assert_eq!((event["type"].as_str(), event["object"]["metadata"]["name"].as_str()), (Some("ADDED"), Some("mine")));
     Ok(())
 }

@@ -101,13 +101,13 @@ pub fn authorize(
             Some(Some(n)) if n == node => Ok(()),
             _ => Err(admission_denial(attrs, "create")),
         },
-        (SLICES, "get" | "update" | "delete") => match attrs.existing_node {
+        (SLICES, "get" | "update" | "patch" | "delete") => match attrs.existing_node {
             // A missing object: the authorizer has no graph edge to it.
             None | Some(None) => Err(denial(identity, attrs, Some(&no_relationship))),
             Some(Some(n)) if n != node => Err(denial(identity, attrs, Some(&no_relationship))),
             Some(Some(_)) => match (attrs.verb, attrs.new_node) {
-                ("update", Some(Some(n))) if n != node => Err(admission_denial(attrs, "update")),
-                ("update", Some(None)) => Err(admission_denial(attrs, "update")),
+                ("update" | "patch", Some(Some(n))) if n != node => Err(admission_denial(attrs, "update")),
+                ("update" | "patch", Some(None)) => Err(admission_denial(attrs, "update")),
                 _ => Ok(()),
             },
         },

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::store::new_uid;
+use super::meta::new_uid;
 
 /// One allocation result: `{request, driver, pool, device}`.
 #[derive(Debug, Clone, PartialEq, Eq)]

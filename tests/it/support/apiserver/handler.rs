@@ -17,11 +17,15 @@ use serde_json::Value;
 use super::authz::{self, Attributes};
 use super::convert::{self, ApiVersion};
 use super::faults::{self, FaultAction};
+use super::meta::with_type;
 use super::status::{ApiError, CLAIMS, NODES};
-use super::store::{RequestRecord, with_type};
+use super::store::RequestRecord;
 use super::{Shared, UserInfo, discovery, query, slices, watch};
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// kube-apiserver's `--max-resource-write-bytes` default (3 MiB).
+const MAX_REQUEST_BODY_BYTES: usize = 3 * 1024 * 1024;
 
 /// A successful answer: a JSON document or a streaming body (watch).
 pub(crate) enum Reply {
@@ -34,12 +38,24 @@ pub(crate) struct Call<'a> {
     pub shared: &'a Arc<Shared>,
     pub user: &'a UserInfo,
     pub params: HashMap<String, String>,
+    pub content_type: Option<String>,
     pub body: Bytes,
 }
 
 impl Call<'_> {
     /// The JSON body, or the real server's 400 for undecodable input.
     pub fn json_body(&self) -> Result<Value, ApiError> {
+        // An absent Content-Type is read as JSON, like the real server does.
+        if let Some(content_type) = &self.content_type
+            && !content_type.starts_with("application/json")
+        {
+            return Err(ApiError::unsupported_media_type(content_type));
+        }
+        self.raw_json()
+    }
+
+    /// The body decoded as JSON whatever its Content-Type.
+    pub fn raw_json(&self) -> Result<Value, ApiError> {
         serde_json::from_slice(&self.body)
             .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))
     }
@@ -114,12 +130,33 @@ fn authenticate(shared: &Shared, cert_user: Option<UserInfo>, headers: &HeaderMa
     if cert_user.is_some() {
         return cert_user;
     }
-    let token = headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?.trim();
-    shared.lock().tokens.get(token).cloned()
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return None;
+    }
+    shared.lock().tokens.0.get(token).cloned()
 }
 
 fn is_watch(params: &HashMap<String, String>) -> bool {
     matches!(params.get("watch").map(String::as_str), Some("true" | "1"))
+}
+
+/// Counts a request as in flight until its response head is ready or it is dropped.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.mutate(|s| s.in_flight += 1);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.mutate(|s| s.in_flight = s.in_flight.saturating_sub(1));
+    }
 }
 
 pub(crate) async fn handle(
@@ -128,6 +165,7 @@ pub(crate) async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
+    let _in_flight = InFlight::new(&shared);
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     let path = parts.uri.path().to_owned();
@@ -139,12 +177,25 @@ pub(crate) async fn handle(
     let request_bytes = body.len();
     let outcome = match &user {
         None => Err(ApiError::unauthorized()),
+        Some(_) if request_bytes > MAX_REQUEST_BODY_BYTES => Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {MAX_REQUEST_BODY_BYTES}"),
+            None,
+        )),
         Some(user) => {
-            let call = Call { shared: &shared, user, params, body };
-            serve(&call, &route, &parts.method, verb).await
+            let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let call = Call { shared: &shared, user, params, content_type, body };
+            serve(&call, &route, &parts.method, &path, verb).await
         }
     };
-    let (response, response_bytes) = render(outcome);
+    let (mut response, response_bytes) = render(outcome);
+    if user.is_some()
+        && let Some(warning) = deprecation_warning(&route, &shared.opts.git_version)
+        && let Ok(value) = http::HeaderValue::from_str(&warning)
+    {
+        response.headers_mut().insert(header::WARNING, value);
+    }
     let status = response.status().as_u16();
     tracing::debug!(method = %parts.method, %path, status, user = user.as_ref().map(|u| u.user.as_str()), "test API server request");
     shared.mutate(|s| {
@@ -160,13 +211,20 @@ pub(crate) async fn handle(
             request_bytes,
             response_bytes,
             at: started,
+            duration: started.elapsed(),
         });
     });
     Ok(response)
 }
 
-async fn serve(call: &Call<'_>, route: &Route, method: &Method, verb: &'static str) -> Result<Reply, ApiError> {
-    let fault = faults::take(&mut call.shared.lock().faults, method, &call_path(route));
+async fn serve(
+    call: &Call<'_>,
+    route: &Route,
+    method: &Method,
+    path: &str,
+    verb: &'static str,
+) -> Result<Reply, ApiError> {
+    let fault = faults::take(&mut call.shared.lock().faults, method, path);
     match fault {
         Some(FaultAction::InternalError) => return Err(ApiError::internal("injected fault".to_owned())),
         Some(FaultAction::TooManyRequests { retry_after_secs }) => {
@@ -188,27 +246,11 @@ async fn serve(call: &Call<'_>, route: &Route, method: &Method, verb: &'static s
         (Route::Slice(v, name), "get") => slices::get(call, *v, name),
         (Route::Slice(v, name), "update") => slices::update(call, *v, name),
         (Route::Slice(v, name), "delete") => slices::delete(call, *v, name),
+        (Route::Slice(v, name), "patch") => slices::patch(call, *v, name),
         (Route::Claim(v, ns, name), "get") => claim_get(call, *v, ns, name),
         (Route::Node(name), "get") => node_get(call, name),
         (Route::Unknown, _) => Err(ApiError::path_not_found()),
         _ => Err(ApiError::method_not_allowed(method.as_str())),
-    }
-}
-
-/// The path fault predicates match against (the route's canonical path).
-fn call_path(route: &Route) -> String {
-    match route {
-        Route::Version => "/version".to_owned(),
-        Route::CoreGroup => "/api".to_owned(),
-        Route::CoreV1 => "/api/v1".to_owned(),
-        Route::Apis => "/apis".to_owned(),
-        Route::Group => "/apis/resource.k8s.io".to_owned(),
-        Route::GroupVersion(v) => format!("/apis/resource.k8s.io/{}", v.as_str()),
-        Route::Node(n) => format!("/api/v1/nodes/{n}"),
-        Route::Slices(v) => format!("/apis/resource.k8s.io/{}/resourceslices", v.as_str()),
-        Route::Slice(v, n) => format!("/apis/resource.k8s.io/{}/resourceslices/{n}", v.as_str()),
-        Route::Claim(v, ns, n) => format!("/apis/resource.k8s.io/{}/namespaces/{ns}/resourceclaims/{n}", v.as_str()),
-        Route::Unknown => String::new(),
     }
 }
 
@@ -250,6 +292,28 @@ fn node_get(call: &Call<'_>, name: &str) -> Result<Reply, ApiError> {
     call.authorize(&attrs)?;
     let node = call.shared.lock().nodes.get(name).cloned().ok_or_else(|| ApiError::not_found(NODES, name))?;
     Ok(Reply::Json(StatusCode::OK, with_type(&node, "v1", "Node")))
+}
+
+/// The `Warning: 299` header the real server adds for a deprecated version, from the
+/// release that deprecated it (v1beta1: 1.35, removed 1.38; v1beta2: 1.36, removed 1.39).
+fn deprecation_warning(route: &Route, git_version: &str) -> Option<String> {
+    let (version, kind) = match route {
+        Route::Slices(v) | Route::Slice(v, _) => (*v, "ResourceSlice"),
+        Route::Claim(v, _, _) => (*v, "ResourceClaim"),
+        _ => return None,
+    };
+    let (deprecated, removed) = match version {
+        ApiVersion::V1beta1 => (35, 38),
+        ApiVersion::V1beta2 => (36, 39),
+        ApiVersion::V1 => return None,
+    };
+    let minor: u32 = git_version.trim_start_matches('v').split('.').nth(1)?.parse().ok()?;
+    (minor >= deprecated).then(|| {
+        format!(
+            "299 - \"{} {kind} is deprecated in v1.{deprecated}+, unavailable in v1.{removed}+; use resource.k8s.io/v1 {kind}\"",
+            version.group_version()
+        )
+    })
 }
 
 fn render(outcome: Result<Reply, ApiError>) -> (Response<Body>, usize) {

@@ -9,34 +9,50 @@
 //!   configurable gitVersion and set of served resource.k8s.io versions (v1, v1beta2,
 //!   v1beta1; unserved version paths are `404`);
 //! - `GET /api/v1/nodes/{name}`; ResourceSlice list (with `spec.nodeName`/`spec.driver`/
-//!   `metadata.name` field selectors), get, create (generateName), update (optimistic
-//!   concurrency), delete (preconditions) and watch (bookmarks, timeouts, `410` for
-//!   compacted resourceVersions); ResourceClaim get; v1beta1 shape conversion;
-//! - a global integer resourceVersion shared by all kinds; validation of the ResourceSlice
-//!   limits edra can hit (`422` with causes); Status bodies on every failure;
+//!   `metadata.name` field selectors), get, create (generateName), update and merge patch
+//!   (optimistic concurrency), delete (preconditions) and watch (bookmarks, timeouts,
+//!   streaming lists with `sendInitialEvents`, `410` for compacted resourceVersions);
+//!   ResourceClaim get; v1beta1 shape conversion in both directions;
+//! - a global integer resourceVersion shared by all kinds; what storage does to objects
+//!   (canonical quantities, taint `timeAdded`, no write for an identical update, `500` for a
+//!   create carrying a resourceVersion); validation of the ResourceSlice limits edra can hit
+//!   (`422` with causes); Status bodies on every failure;
 //! - optional node-authorizer + NodeRestriction emulation and test-forbidden combinations;
-//! - fault injection, connection control, a request log and [`TestApiServer::wait_for`].
+//! - fault injection, connection control, a request log, gauges and
+//!   [`TestApiServer::wait_for`].
 //!
-//! It does NOT emulate: PATCH of any kind (`405`), server-side apply, managedFields,
+//! It does NOT emulate: JSON patch and server-side apply (`415`; merge and strategic merge
+//! patches of slices are applied as RFC 7386 merge patches), managedFields, `dryRun`,
 //! `limit`/`continue` pagination (lists are always complete), label selectors, list
 //! `resourceVersion`/`resourceVersionMatch` semantics (lists always read the latest state),
-//! `sendInitialEvents`/streaming lists, DeleteCollection, finalizers and graceful deletion,
-//! the `/status` subresources, DeviceClasses and other kinds, protobuf and CBOR encodings,
-//! aggregated discovery (`apidiscovery.k8s.io/v2`), OpenAPI, RBAC objects, admission
+//! DeleteCollection, finalizers and graceful deletion, the `/status` subresources, list or
+//! watch of claims and nodes, writes of claims and nodes by clients, DeviceClasses and other
+//! kinds, protobuf and CBOR encodings, aggregated discovery (`apidiscovery.k8s.io/v2`),
+//! OpenAPI, RBAC objects, service-account tokens and their node-name extra, admission
 //! webhooks and ValidatingAdmissionPolicies, API priority and fairness (429 only when
-//! injected), full validation (only the limits listed in `validate.rs`), watch events that
-//! move objects in or out of a field selector (events are filtered on the new object), and
-//! request body size limits. Error reasons follow the real server: an expired watch is
-//! reason `Expired` with code 410.
+//! injected), full validation (only the limits in `validate.rs`), watch events that move
+//! objects in or out of a field selector (events are filtered on the new object; the
+//! selectable slice fields are immutable anyway), and client certificates with more than
+//! two groups. Bodies over 3 MiB get `413` like the real default limit. Writes made through
+//! the handle (`create_slice`, `edit_slice`) bypass validation and canonicalization. Error
+//! reasons follow the real server: an expired watch is reason `Expired` with code 410.
+//!
+//! Run it on real time: under paused tokio time its timers (bookmarks, watch timeouts,
+//! injected delays, `wait_for` deadlines) jump ahead whenever the runtime waits for socket
+//! I/O.
 
 mod authz;
 mod claims;
+mod control;
 mod convert;
 mod discovery;
 mod faults;
 mod handler;
 mod kubeconfig;
+mod meta;
+mod objects;
 mod pki;
+mod quantity;
 mod query;
 mod server;
 mod slices;
@@ -50,7 +66,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::sync::watch as notify;
 use tokio::task::JoinHandle;
 
@@ -59,6 +74,7 @@ pub use claims::{AllocatedDevice, ClaimBuilder};
 pub use convert::ApiVersion;
 pub use faults::{Fault, FaultAction};
 pub use kubeconfig::Identity;
+pub use quantity::canonical as canonical_quantity;
 pub use store::{RequestRecord, State};
 
 /// An authenticated user, as the server sees it.
@@ -153,8 +169,8 @@ pub struct TestApiServer {
     addr: SocketAddr,
     tls: Arc<rustls::ServerConfig>,
     accept: Mutex<Option<JoinHandle<()>>>,
-    /// Generation bumped to drop every open connection.
-    kill: notify::Sender<u64>,
+    /// Bumped to close every open connection.
+    kill: notify::Sender<server::Shutdown>,
 }
 
 impl TestApiServer {
@@ -175,7 +191,7 @@ impl TestApiServer {
             pki,
             opts,
         });
-        let kill = notify::Sender::new(0);
+        let kill = notify::Sender::new(server::Shutdown::default());
         let accept = server::spawn_accept(listener, shared.clone(), tls.clone(), kill.subscribe());
         Ok(Self { shared, addr, tls, accept: Mutex::new(Some(accept)), kill })
     }
@@ -212,186 +228,31 @@ impl TestApiServer {
     /// Accepts `Authorization: Bearer {token}` as `user` in `groups`.
     pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
         let info = UserInfo { user: user.to_owned(), groups: groups.iter().map(|g| (*g).to_owned()).collect() };
-        self.shared.mutate(|s| s.tokens.insert(token.to_owned(), info));
+        self.shared.mutate(|s| s.tokens.0.insert(token.to_owned(), info));
     }
 
-    /// Writes `dir/kubeconfig-{user}.yaml` for `identity` (a token identity is registered too).
+    /// Writes `dir/kubeconfig-{user}.yaml` (mode 0600) for `identity` with embedded
+    /// `*-data` credentials; a token identity is registered with the server too.
     pub fn write_kubeconfig(&self, dir: &Path, identity: &Identity) -> Result<PathBuf, ApiServerError> {
-        kubeconfig::write(self, dir, identity)
+        kubeconfig::write(self, dir, identity, kubeconfig::Style::Embedded)
     }
 
-    /// Adds a Node (idempotent); returns its uid.
-    pub fn add_node(&self, name: &str) -> String {
-        self.shared.mutate(|s| s.add_node(name))
-    }
-
-    /// Creates or replaces a ResourceClaim given in v1 shape (see [`ClaimBuilder`]); returns
-    /// the stored object (uid kept across replacements unless the claim sets one).
-    pub fn put_claim(&self, claim: Value) -> Value {
-        self.shared.mutate(|s| s.put_claim(claim))
-    }
-
-    /// Replaces `status` of a stored claim; `None` if it does not exist.
-    pub fn set_claim_status(&self, namespace: &str, name: &str, status: Value) -> Option<Value> {
-        self.shared.mutate(|s| {
-            let mut claim = s.claim(namespace, name)?;
-            claim["status"] = status;
-            Some(s.put_claim(claim))
-        })
-    }
-
-    pub fn delete_claim(&self, namespace: &str, name: &str) -> Option<Value> {
-        self.shared.mutate(|s| s.delete_claim(namespace, name))
-    }
-
-    /// Records that a pod on `node` uses the claim, so the node authorizer lets `node` get it.
-    pub fn mark_claim_on_node(&self, namespace: &str, name: &str, node: &str) {
-        self.shared.mutate(|s| {
-            s.claim_nodes.entry((namespace.to_owned(), name.to_owned())).or_default().insert(node.to_owned())
-        });
-    }
-
-    /// All stored slices (v1 shape with kind/apiVersion), ordered by name.
-    pub fn slices(&self) -> Vec<Value> {
-        self.shared.lock().slices()
-    }
-
-    pub fn slice(&self, name: &str) -> Option<Value> {
-        self.shared.lock().slice(name)
-    }
-
-    /// Creates a slice as another writer would (no validation); returns the stored object.
-    pub fn create_slice(&self, slice: Value) -> Value {
-        let name = slice["metadata"]["name"].as_str().map_or_else(store::random_suffix, str::to_owned);
-        self.shared.mutate(|s| s.create_slice(&name, slice))
-    }
-
-    /// A foreign edit: applies `f` to the stored slice, bumps its resourceVersion and emits
-    /// MODIFIED. `None` if the slice does not exist.
-    pub fn edit_slice(&self, name: &str, f: impl FnOnce(&mut Value)) -> Option<Value> {
-        self.shared.mutate(|s| {
-            let mut slice = s.slices.get(name)?.clone();
-            f(&mut slice);
-            s.replace_slice(name, slice)
-        })
-    }
-
-    /// Deletes one slice as the kubelet would; `true` if it existed.
-    pub fn delete_slice_as_kubelet(&self, name: &str) -> bool {
-        self.shared.mutate(|s| s.delete_slice(name).is_some())
-    }
-
-    /// Kubelet-style wipe: deletes every slice of `node` (and of `driver`, if given).
-    /// Returns how many were deleted.
-    pub fn delete_slices_where(&self, node: &str, driver: Option<&str>) -> usize {
-        self.shared.mutate(|s| {
-            let names: Vec<String> = s
-                .slices
-                .iter()
-                .filter(|(_, v)| v["spec"]["nodeName"].as_str() == Some(node))
-                .filter(|(_, v)| driver.is_none_or(|d| v["spec"]["driver"].as_str() == Some(d)))
-                .map(|(k, _)| k.clone())
-                .collect();
-            names.iter().filter(|n| s.delete_slice(n).is_some()).count()
-        })
-    }
-
-    /// Adds a fault (see [`Fault::next`]).
-    pub fn inject(&self, fault: Fault) {
-        self.shared.mutate(|s| s.faults.push(fault));
-    }
-
-    /// Forbids `verb` on `resource` (plural, e.g. `resourceslices`) for `user`.
-    pub fn forbid(&self, user: &str, verb: &str, resource: &str) {
-        let rule = ForbidRule { user: user.to_owned(), verb: verb.to_owned(), resource: resource.to_owned() };
-        self.shared.mutate(|s| s.forbid.push(rule));
-    }
-
-    pub fn set_node_authorizer(&self, enabled: bool) {
-        self.shared.mutate(|s| s.node_authorizer = enabled);
-    }
-
-    pub fn set_gone_as_http_status(&self, enabled: bool) {
-        self.shared.mutate(|s| s.gone_as_http_status = enabled);
-    }
-
-    /// Drops the event history: watches from any older resourceVersion get 410.
-    pub fn compact(&self) {
-        self.shared.mutate(State::compact);
-    }
-
-    /// Ends every open watch stream cleanly (as an API server restart or timeout would).
-    pub fn close_watches(&self) {
-        self.shared.close_watches.send_modify(|g| *g += 1);
-    }
-
-    /// Stops accepting connections (new connects are refused); open connections stay.
-    pub fn refuse_connections(&self) {
-        if let Some(task) = self.accept.lock().unwrap_or_else(PoisonError::into_inner).take() {
-            task.abort();
-        }
-    }
-
-    /// Accepts connections again on the same port (after refuse/stop).
-    pub fn accept_connections(&self) -> Result<(), ApiServerError> {
-        let mut accept = self.accept.lock().unwrap_or_else(PoisonError::into_inner);
-        if accept.is_some() {
-            return Ok(());
-        }
-        let listener = server::bind(self.addr).map_err(|source| ApiServerError::Bind { addr: self.addr, source })?;
-        *accept = Some(server::spawn_accept(listener, self.shared.clone(), self.tls.clone(), self.kill.subscribe()));
-        Ok(())
-    }
-
-    /// Stops serving: refuses new connections and drops every open one (state is kept).
-    pub fn stop(&self) {
-        self.refuse_connections();
-        self.kill.send_modify(|g| *g += 1);
-    }
-
-    /// Serves again on the same port with the same state and certificates.
-    pub fn restart(&self) -> Result<(), ApiServerError> {
-        self.accept_connections()
-    }
-
-    /// A snapshot of the request log.
-    pub fn requests(&self) -> Vec<RequestRecord> {
-        self.shared.lock().requests().to_vec()
-    }
-
-    /// Runs `f` on the current state (read-only).
-    pub fn with_state<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        f(&self.shared.lock())
-    }
-
-    /// Waits until `f(state)` holds, re-checking after every change; fails after `timeout`.
-    pub async fn wait_for(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut f: impl FnMut(&State) -> bool,
-    ) -> Result<(), ApiServerError> {
-        let mut changed = self.shared.changed.subscribe();
-        let check = async {
-            loop {
-                changed.borrow_and_update();
-                if f(&self.shared.lock()) {
-                    return;
-                }
-                if changed.changed().await.is_err() {
-                    // The sender lives in `shared`, which we hold: unreachable, but never spin.
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::time::timeout(timeout, check)
-            .await
-            .map_err(|_| ApiServerError::Timeout { what: what.to_owned(), timeout })
+    /// Like [`Self::write_kubeconfig`], but the CA, client certificate and key are PEM files
+    /// in `dir` referenced by path (`certificate-authority`, `client-certificate`,
+    /// `client-key`), as in k3s-written kubeconfigs.
+    pub fn write_kubeconfig_files(&self, dir: &Path, identity: &Identity) -> Result<PathBuf, ApiServerError> {
+        kubeconfig::write(self, dir, identity, kubeconfig::Style::Files)
     }
 }
 
 impl Drop for TestApiServer {
     fn drop(&mut self) {
-        self.stop();
+        if let Some(task) = self.accept.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            task.abort();
+        }
+        self.kill.send_modify(|k| {
+            k.generation += 1;
+            k.graceful = false;
+        });
     }
 }

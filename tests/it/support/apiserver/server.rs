@@ -16,6 +16,14 @@ use tokio_rustls::TlsAcceptor;
 
 use super::{Shared, handler};
 
+/// The value of the connection-kill channel: bumped generation, and whether to close
+/// gracefully.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Shutdown {
+    pub(crate) generation: u64,
+    pub(crate) graceful: bool,
+}
+
 /// A listening socket on `addr` that can be re-bound right after it is closed.
 pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = TcpSocket::new_v4()?;
@@ -25,12 +33,13 @@ pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Accepts connections until aborted; each connection runs in its own task that ends when
-/// `kill` changes.
+/// `kill` changes: at once, or after a graceful HTTP shutdown (GOAWAY / `Connection: close`
+/// once in-flight requests finish) when the new value says `graceful`.
 pub(crate) fn spawn_accept(
     listener: TcpListener,
     shared: Arc<Shared>,
     tls: Arc<rustls::ServerConfig>,
-    kill: watch::Receiver<u64>,
+    kill: watch::Receiver<Shutdown>,
 ) -> JoinHandle<()> {
     let acceptor = TlsAcceptor::from(tls);
     tokio::spawn(async move {
@@ -38,16 +47,38 @@ pub(crate) fn spawn_accept(
             let (tcp, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(error) => {
+                    // Typically EMFILE; back off briefly instead of spinning.
                     tracing::debug!(%error, "test API server accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                     continue;
                 }
             };
             let _ = tcp.set_nodelay(true);
             let mut kill = kill.clone();
             kill.borrow_and_update();
-            tokio::spawn(serve_connection(tcp, peer, acceptor.clone(), shared.clone(), kill));
+            let gauge = ConnectionGauge::new(shared.clone());
+            tokio::spawn(serve_connection(tcp, peer, acceptor.clone(), shared.clone(), kill, gauge));
         }
     })
+}
+
+/// Counts a connection as open for as long as it lives.
+struct ConnectionGauge(Arc<Shared>);
+
+impl ConnectionGauge {
+    fn new(shared: Arc<Shared>) -> Self {
+        shared.mutate(|s| {
+            s.open_connections += 1;
+            s.connections_accepted += 1;
+        });
+        Self(shared)
+    }
+}
+
+impl Drop for ConnectionGauge {
+    fn drop(&mut self) {
+        self.0.mutate(|s| s.open_connections = s.open_connections.saturating_sub(1));
+    }
 }
 
 async fn serve_connection(
@@ -55,7 +86,8 @@ async fn serve_connection(
     peer: SocketAddr,
     acceptor: TlsAcceptor,
     shared: Arc<Shared>,
-    mut kill: watch::Receiver<u64>,
+    mut kill: watch::Receiver<Shutdown>,
+    _gauge: ConnectionGauge,
 ) {
     let tls = tokio::select! {
         tls = acceptor.accept(tcp) => tls,
@@ -75,12 +107,21 @@ async fn serve_connection(
     let service = service_fn(move |request| handler::handle(shared.clone(), cert_user.clone(), request));
     let builder = auto::Builder::new(TokioExecutor::new());
     let connection = builder.serve_connection(TokioIo::new(tls), service);
-    tokio::select! {
-        result = connection => {
-            if let Err(error) = result {
-                tracing::debug!(%peer, %error, "test API server connection ended with an error");
+    tokio::pin!(connection);
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "test API server connection ended with an error");
+                }
+                return;
+            }
+            changed = kill.changed() => {
+                if changed.is_err() || !kill.borrow_and_update().graceful {
+                    return;
+                }
+                connection.as_mut().graceful_shutdown();
             }
         }
-        _ = kill.changed() => {}
     }
 }

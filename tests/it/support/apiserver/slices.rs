@@ -9,10 +9,11 @@ use serde_json::{Value, json};
 use super::authz::Attributes;
 use super::convert::{self, ApiVersion};
 use super::handler::{Call, Reply};
+use super::meta::now_rfc3339;
+use super::meta::{metadata_mut, random_suffix, with_type};
 use super::query::FieldSelector;
-use super::status::{ApiError, SLICES};
-use super::store::{metadata_mut, random_suffix, with_type};
-use super::validate;
+use super::status::{ApiError, Cause, SLICES};
+use super::{quantity, validate};
 
 fn attrs<'a>(verb: &'static str, name: Option<&'a str>) -> Attributes<'a> {
     Attributes {
@@ -64,9 +65,41 @@ pub(crate) fn get(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Re
     Ok(Reply::Json(StatusCode::OK, out(version, &existing)))
 }
 
+/// What the real server's strategy does before validation: canonical quantities, and
+/// `timeAdded` on device taints that lack it (kept from the old object's identical taint).
+/// Returns the causes of unparsable quantities.
+fn prepare(object: &mut Value, old: Option<&Value>) -> Vec<Cause> {
+    let causes = quantity::canonicalize_slice(object);
+    let now = now_rfc3339();
+    let Some(devices) = object.pointer_mut("/spec/devices").and_then(Value::as_array_mut) else {
+        return causes;
+    };
+    for device in devices {
+        let name = device["name"].clone();
+        let old_taints: Vec<Value> = old
+            .and_then(|o| o["spec"]["devices"].as_array())
+            .and_then(|ds| ds.iter().find(|d| d["name"] == name))
+            .and_then(|d| d["taints"].as_array().cloned())
+            .unwrap_or_default();
+        for taint in device.get_mut("taints").and_then(Value::as_array_mut).into_iter().flatten() {
+            if !taint["timeAdded"].is_null() || !taint.is_object() {
+                continue;
+            }
+            let same =
+                |t: &&Value| t["key"] == taint["key"] && t["value"] == taint["value"] && t["effect"] == taint["effect"];
+            let time = old_taints.iter().find(same).map(|t| t["timeAdded"].clone()).filter(|t| !t.is_null());
+            taint["timeAdded"] = time.unwrap_or_else(|| json!(now));
+        }
+    }
+    causes
+}
+
 /// Decodes a slice body sent on `version` into the stored v1 shape.
 fn decode(call: &Call<'_>, version: ApiVersion) -> Result<Value, ApiError> {
-    let body = call.json_body()?;
+    decode_value(call.json_body()?, version)
+}
+
+fn decode_value(body: Value, version: ApiVersion) -> Result<Value, ApiError> {
     if !body.is_object() {
         return Err(ApiError::bad_request("the body of the request must be a JSON object".to_owned()));
     }
@@ -94,6 +127,9 @@ fn decode(call: &Call<'_>, version: ApiVersion) -> Result<Value, ApiError> {
 
 pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiError> {
     let mut object = decode(call, version)?;
+    if object["metadata"]["resourceVersion"].as_str().is_some_and(|rv| !rv.is_empty()) {
+        return Err(ApiError::resource_version_on_create());
+    }
     metadata_mut(&mut object).remove("uid");
     metadata_mut(&mut object).remove("resourceVersion");
     let given = object["metadata"]["name"].as_str().filter(|n| !n.is_empty()).map(str::to_owned);
@@ -110,7 +146,8 @@ pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiE
     let mut a = attrs("create", Some(&name));
     a.new_node = Some(node_of(&object));
     call.authorize(&a)?;
-    let causes = validate::slice(&object, None);
+    let mut causes = prepare(&mut object, None);
+    causes.extend(validate::slice(&object, None));
     if !causes.is_empty() {
         return Err(ApiError::invalid(SLICES, &name, &causes));
     }
@@ -124,7 +161,58 @@ pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiE
 }
 
 pub(crate) fn update(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Reply, ApiError> {
-    let object = decode(call, version)?;
+    replace(call, version, name, decode(call, version)?, "update")
+}
+
+/// PATCH with a JSON merge patch (RFC 7386). A strategic merge patch is applied the same
+/// way, which is exact for ResourceSlices (their lists are atomic) unless it uses `$patch`
+/// directives; JSON patch and apply patches are not emulated (415).
+pub(crate) fn patch(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Reply, ApiError> {
+    let content_type = call.content_type.as_deref().unwrap_or_default();
+    if !content_type.starts_with("application/merge-patch+json")
+        && !content_type.starts_with("application/strategic-merge-patch+json")
+    {
+        return Err(ApiError::unsupported_media_type(content_type));
+    }
+    let patch = call.raw_json()?;
+    let existing = call.shared.lock().slices.get(name).cloned();
+    let Some(existing) = existing else {
+        let mut a = attrs("patch", Some(name));
+        a.existing_node = None;
+        call.authorize(&a)?;
+        return Err(ApiError::not_found(SLICES, name));
+    };
+    let mut patched = out(version, &existing);
+    merge_patch(&mut patched, &patch);
+    replace(call, version, name, decode_value(patched, version)?, "patch")
+}
+
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(fields) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Value::Object(target_fields) = target {
+        for (key, value) in fields {
+            if value.is_null() {
+                target_fields.remove(key);
+            } else {
+                merge_patch(target_fields.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
+fn replace(
+    call: &Call<'_>,
+    version: ApiVersion,
+    name: &str,
+    mut object: Value,
+    verb: &'static str,
+) -> Result<Reply, ApiError> {
     let body_name = object["metadata"]["name"].as_str().unwrap_or_default();
     if body_name != name {
         return Err(ApiError::bad_request(format!(
@@ -132,14 +220,15 @@ pub(crate) fn update(call: &Call<'_>, version: ApiVersion, name: &str) -> Result
         )));
     }
     let existing = call.shared.lock().slices.get(name).cloned();
-    let mut a = attrs("update", Some(name));
+    let mut a = attrs(verb, Some(name));
     a.existing_node = existing.as_ref().map(node_of);
     a.new_node = Some(node_of(&object));
     call.authorize(&a)?;
     let Some(existing) = existing else {
         return Err(ApiError::not_found(SLICES, name));
     };
-    let causes = validate::slice(&object, Some(&existing));
+    let mut causes = prepare(&mut object, Some(&existing));
+    causes.extend(validate::slice(&object, Some(&existing)));
     if !causes.is_empty() {
         return Err(ApiError::invalid(SLICES, name, &causes));
     }

@@ -134,6 +134,16 @@ impl ApiError {
         )
     }
 
+    /// What etcd3 storage answers to a create that carries a resourceVersion: a 500 without
+    /// a reason.
+    pub fn resource_version_on_create() -> Self {
+        let mut err = Self::new(500, "", "resourceVersion should not be set on objects to be created".to_owned(), None);
+        if let Value::Object(fields) = &mut err.body {
+            fields.remove("reason");
+        }
+        err
+    }
+
     pub fn too_many_requests(retry_after: u64) -> Self {
         let mut err = Self::new(
             429,

@@ -7,13 +7,14 @@
 //! `wait_for` wake up.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
 use super::UserInfo;
 use super::authz::ForbidRule;
 use super::faults::Fault;
+use super::meta::{metadata_mut, new_uid, now_rfc3339, strip_type, with_type};
 
 /// Which collection an event belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +48,7 @@ impl EventType {
 pub struct Event {
     pub rv: u64,
     pub kind: Kind,
-    pub kind_type: EventType,
+    pub event_type: EventType,
     pub object: Value,
 }
 
@@ -65,15 +66,28 @@ pub struct RequestRecord {
     pub user: Option<String>,
     pub status: u16,
     pub request_bytes: usize,
-    /// Bytes of the (non-streaming) response body; for a watch, only its first flush.
+    /// Bytes of the response body; 0 for a watch (see [`State::watch_bytes`]).
     pub response_bytes: usize,
+    /// When the request arrived.
     pub at: Instant,
+    /// Time until the response head was ready (for a watch: until the stream started).
+    pub duration: std::time::Duration,
 }
 
 impl RequestRecord {
     /// Whether the request changed (or tried to change) state.
     pub fn is_write(&self) -> bool {
         matches!(self.verb, "create" | "update" | "patch" | "delete")
+    }
+}
+
+/// Registered bearer tokens; `Debug` prints only the users.
+#[derive(Default)]
+pub(crate) struct Tokens(pub(crate) HashMap<String, UserInfo>);
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.values().map(|u| &u.user)).finish()
     }
 }
 
@@ -92,7 +106,12 @@ pub struct State {
     /// Watches must start at or after this resourceVersion.
     compacted: u64,
     pub(crate) log: Vec<RequestRecord>,
-    pub(crate) tokens: HashMap<String, UserInfo>,
+    pub(crate) open_watches: usize,
+    pub(crate) open_connections: usize,
+    pub(crate) in_flight: usize,
+    pub(crate) connections_accepted: usize,
+    pub(crate) watch_bytes: usize,
+    pub(crate) tokens: Tokens,
     pub(crate) faults: Vec<Fault>,
     pub(crate) forbid: Vec<ForbidRule>,
     pub(crate) node_authorizer: bool,
@@ -111,7 +130,12 @@ impl State {
             history_limit: history_limit.max(1),
             compacted: 1,
             log: Vec::new(),
-            tokens: HashMap::new(),
+            open_watches: 0,
+            open_connections: 0,
+            in_flight: 0,
+            connections_accepted: 0,
+            watch_bytes: 0,
+            tokens: Tokens::default(),
             faults: Vec::new(),
             forbid: Vec::new(),
             node_authorizer: false,
@@ -167,6 +191,31 @@ impl State {
         self.log.iter().skip(mark).filter(|r| r.is_write()).count()
     }
 
+    /// Watch streams currently open (a watch counts from its first byte to its end).
+    pub fn open_watches(&self) -> usize {
+        self.open_watches
+    }
+
+    /// TCP connections currently open (after the TLS handshake started).
+    pub fn open_connections(&self) -> usize {
+        self.open_connections
+    }
+
+    /// Requests received whose response head is not ready yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// TCP connections accepted since start.
+    pub fn connections_accepted(&self) -> usize {
+        self.connections_accepted
+    }
+
+    /// Bytes sent on all watch streams so far.
+    pub fn watch_bytes(&self) -> usize {
+        self.watch_bytes
+    }
+
     pub(crate) fn events_after(&self, rv: u64, kind: Kind) -> impl Iterator<Item = &Event> {
         self.history.iter().filter(move |e| e.rv > rv && e.kind == kind)
     }
@@ -182,9 +231,9 @@ impl State {
         self.rv
     }
 
-    fn record(&mut self, kind: Kind, kind_type: EventType, object: Value) {
+    fn record(&mut self, kind: Kind, event_type: EventType, object: Value) {
         let rv = self.rv;
-        self.history.push_back(Event { rv, kind, kind_type, object });
+        self.history.push_back(Event { rv, kind, event_type, object });
         while self.history.len() > self.history_limit {
             if let Some(old) = self.history.pop_front() {
                 self.compacted = self.compacted.max(old.rv);
@@ -219,15 +268,21 @@ impl State {
         strip_type(&mut object);
         let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
         let generation = if old["spec"] == object["spec"] { generation } else { generation + 1 };
-        let rv = self.next_rv();
         let meta = metadata_mut(&mut object);
-        for key in ["uid", "creationTimestamp", "name"] {
-            if let Some(v) = old["metadata"].get(key) {
-                meta.insert(key.to_owned(), v.clone());
-            }
+        for key in ["uid", "creationTimestamp", "name", "resourceVersion"] {
+            match old["metadata"].get(key) {
+                Some(v) => meta.insert(key.to_owned(), v.clone()),
+                None => meta.remove(key),
+            };
         }
-        meta.insert("resourceVersion".to_owned(), json!(rv.to_string()));
         meta.insert("generation".to_owned(), json!(generation));
+        if object == old {
+            // Like etcd3's GuaranteedUpdate: an identical object is not written, the
+            // resourceVersion stays and no event is emitted.
+            return Some(old);
+        }
+        let rv = self.next_rv();
+        metadata_mut(&mut object).insert("resourceVersion".to_owned(), json!(rv.to_string()));
         self.slices.insert(name.to_owned(), object.clone());
         self.record(Kind::Slice, EventType::Modified, object.clone());
         Some(object)
@@ -261,8 +316,8 @@ impl State {
         meta.insert("resourceVersion".to_owned(), json!(rv.to_string()));
         meta.entry("generation").or_insert(json!(1));
         self.claims.insert(key, claim.clone());
-        let kind_type = if old.is_some() { EventType::Modified } else { EventType::Added };
-        self.record(Kind::Claim, kind_type, claim.clone());
+        let event_type = if old.is_some() { EventType::Modified } else { EventType::Added };
+        self.record(Kind::Claim, event_type, claim.clone());
         claim
     }
 
@@ -272,6 +327,14 @@ impl State {
         metadata_mut(&mut claim).insert("resourceVersion".to_owned(), json!(rv.to_string()));
         self.record(Kind::Claim, EventType::Deleted, claim.clone());
         Some(claim)
+    }
+
+    pub(crate) fn delete_node(&mut self, name: &str) -> Option<Value> {
+        let mut node = self.nodes.remove(name)?;
+        let rv = self.next_rv();
+        metadata_mut(&mut node).insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        self.record(Kind::Node, EventType::Deleted, node.clone());
+        Some(node)
     }
 
     /// Adds (or returns the existing) Node; returns its uid.
@@ -286,82 +349,4 @@ impl State {
         self.record(Kind::Node, EventType::Added, node);
         uid
     }
-}
-
-/// A copy of `object` with apiVersion/kind for `version` first, as the real server prints it.
-pub(crate) fn with_type(object: &Value, api_version: &str, kind: &str) -> Value {
-    let api_version = if api_version.contains('/') || kind == "Node" {
-        api_version.to_owned()
-    } else {
-        format!("resource.k8s.io/{api_version}")
-    };
-    let mut out = serde_json::Map::new();
-    out.insert("kind".to_owned(), json!(kind));
-    out.insert("apiVersion".to_owned(), json!(api_version));
-    if let Value::Object(fields) = object {
-        for (k, v) in fields {
-            if k != "kind" && k != "apiVersion" {
-                out.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    Value::Object(out)
-}
-
-fn strip_type(object: &mut Value) {
-    if let Value::Object(fields) = object {
-        fields.remove("kind");
-        fields.remove("apiVersion");
-    }
-}
-
-/// The `metadata` map of an object, created if missing or not an object.
-pub(crate) fn metadata_mut(object: &mut Value) -> &mut serde_json::Map<String, Value> {
-    if !object.is_object() {
-        *object = json!({});
-    }
-    let fields = match object {
-        Value::Object(fields) => fields,
-        _ => unreachable!("replaced by an object above"),
-    };
-    let meta = fields.entry("metadata").or_insert_with(|| json!({}));
-    if !meta.is_object() {
-        *meta = json!({});
-    }
-    match meta {
-        Value::Object(m) => m,
-        _ => unreachable!("replaced by an object above"),
-    }
-}
-
-/// A random RFC 4122 version-4 UID in lowercase.
-pub(crate) fn new_uid() -> String {
-    let a = fastrand::u128(..);
-    let a = (a & !(0xf << 76) | (0x4 << 76)) & !(0x3 << 62) | (0x2 << 62);
-    let h = format!("{a:032x}");
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
-}
-
-/// Five random `[a-z0-9]` characters, as `generateName` appends.
-pub(crate) fn random_suffix() -> String {
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5).map(|_| char::from(ALPHABET[fastrand::usize(..ALPHABET.len())])).collect()
-}
-
-/// Current UTC time as RFC 3339 with second precision (`2026-12-02T10:00:00Z`).
-pub(crate) fn now_rfc3339() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil-from-days (Howard Hinnant).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }

@@ -55,10 +55,17 @@ fn expired(requested: u64, oldest: u64) -> ApiError {
     ApiError::gone(format!("too old resource version: {requested} ({oldest})"))
 }
 
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        self.shared.mutate(|s| s.open_watches = s.open_watches.saturating_sub(1));
+    }
+}
+
 impl WatchStream {
     async fn next(&mut self) -> Option<Bytes> {
         loop {
             if let Some(bytes) = self.pending.pop_front() {
+                self.shared.lock().watch_bytes += bytes.len();
                 return Some(bytes);
             }
             if self.done {
@@ -72,8 +79,13 @@ impl WatchStream {
             tokio::select! {
                 changed = self.changed.changed() => if changed.is_err() { self.done = true },
                 _ = tokio::time::sleep_until(self.next_bookmark), if self.bookmarks => {
-                    let rv = self.shared.lock().resource_version();
-                    self.last_rv = self.last_rv.max(rv);
+                    // Events that raced in come first; the bookmark then carries the
+                    // resourceVersion up to which this watch has seen everything.
+                    self.collect();
+                    if self.done {
+                        continue;
+                    }
+                    let rv = self.last_rv;
                     let object = json!({
                         "kind": "ResourceSlice",
                         "apiVersion": self.version.group_version(),
@@ -99,7 +111,7 @@ impl WatchStream {
         }
         for event in state.events_after(self.last_rv, Kind::Slice) {
             if self.selector.matches(&event.object) {
-                self.pending.push_back(line(event.kind_type.as_str(), out(self.version, &event.object)));
+                self.pending.push_back(line(event.event_type.as_str(), out(self.version, &event.object)));
             }
         }
         self.last_rv = state.resource_version();
@@ -132,6 +144,25 @@ pub(crate) fn start(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiEr
                 .map_err(|_| ApiError::bad_request(format!("invalid resource version {raw:?}: must be an integer")))?,
         ),
     };
+    let initial_events = match call.params.get("sendInitialEvents").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => {
+            let bookmarks = call.params.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+            let not_older = call.params.get("resourceVersionMatch").is_some_and(|v| v == "NotOlderThan");
+            if !bookmarks || !not_older {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents requires \
+                     setting resourceVersionMatch to NotOlderThan and allowWatchBookmarks to true"
+                        .to_owned(),
+                    None,
+                ));
+            }
+            true
+        }
+        Some(other) => return Err(ApiError::bad_request(format!("invalid sendInitialEvents: {other:?}"))),
+    };
     let shared = call.shared.clone();
     let mut changed = shared.changed.subscribe();
     changed.borrow_and_update();
@@ -140,6 +171,33 @@ pub(crate) fn start(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiEr
     let last_rv = {
         let state = shared.lock();
         match requested {
+            // Streaming list: current objects, then a bookmark marking the end of them.
+            _ if initial_events => {
+                if let Some(rv) = requested
+                    && rv > state.resource_version()
+                {
+                    return Err(ApiError::new(
+                        504,
+                        "Timeout",
+                        format!("Too large resource version: {rv}, current: {}", state.resource_version()),
+                        None,
+                    ));
+                }
+                for slice in state.slices.values().filter(|s| selector.matches(s)) {
+                    pending.push_back(line("ADDED", out(version, slice)));
+                }
+                let end = json!({
+                    "kind": "ResourceSlice",
+                    "apiVersion": version.group_version(),
+                    "metadata": {
+                        "resourceVersion": state.resource_version().to_string(),
+                        "creationTimestamp": null,
+                        "annotations": {"k8s.io/initial-events-end": "true"},
+                    },
+                });
+                pending.push_back(line("BOOKMARK", end));
+                state.resource_version()
+            }
             None => {
                 for slice in state.slices.values().filter(|s| selector.matches(s)) {
                     pending.push_back(line("ADDED", out(version, slice)));
@@ -158,6 +216,7 @@ pub(crate) fn start(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiEr
             Some(rv) => rv,
         }
     };
+    shared.mutate(|s| s.open_watches += 1);
     let now = Instant::now();
     let watch = WatchStream {
         close: shared.close_watches.subscribe(),
