@@ -1,10 +1,33 @@
 //! Wiring for `edra run`: start-up order, task supervision and shutdown.
 //!
-//! Start: open state → discover devices → reach the API server → publish slices →
-//! serve the DRA socket → serve the registration socket → ready. SIGTERM: stop accepting,
-//! finish in-flight calls within the grace period, remove our sockets, flush state.
+//! Start: credentials (offline; a malformed kubeconfig stops here) → discover devices →
+//! open and recover the state → serve the DRA socket, then the registration socket →
+//! publish slices. The API server is needed only for publishing and for first-time
+//! prepares: when it is unreachable the kubelet is still served, so claims prepared before
+//! keep working and can be released. SIGTERM/SIGINT: stop publishing (slices stay), let
+//! in-flight kubelet calls finish within the grace period, remove our sockets.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use tokio::sync::{OnceCell, watch};
+use tracing::{debug, error, info, warn};
 
 use crate::config::Config;
+use crate::inventory::{self, DeviceBackend, Inventory};
+use crate::kube::{self, Client, ResourceApi};
+use crate::plugin::{PluginServer, RegistrationState};
+use crate::prepare::{ClaimFetchError, ClaimSource, PrepareSettings, Preparer};
+use crate::publish::desired::NodeIdentity;
+use crate::publish::reconcile::{PublishStatus, Publisher};
+use crate::state::Store;
+
+/// How long a claim fetch may take in total, so a prepare answers the kubelet well within
+/// its 45 s timeout even when the API server does not answer.
+const CLAIM_FETCH_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]
@@ -22,8 +45,11 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         cur = s.source();
     }
     out
@@ -36,11 +62,260 @@ pub fn run_blocking(config: Config) -> Result<(), AppError> {
         .enable_all()
         .build()
         .map_err(|e| AppError::Other(anyhow::anyhow!("cannot start the async runtime: {e}")))?;
-    rt.block_on(run(config))
+    rt.block_on(async {
+        let shutdown = shutdown_signal()?;
+        run(config, shutdown).await
+    })
 }
 
-/// Runs the agent until SIGTERM/SIGINT.
-pub async fn run(config: Config) -> Result<(), AppError> {
-    let _ = config;
-    Err(AppError::Other(anyhow::anyhow!("the agent is being assembled")))
+/// A receiver that turns true on SIGTERM or SIGINT.
+fn shutdown_signal() -> Result<watch::Receiver<bool>, AppError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| anyhow::anyhow!("cannot handle SIGTERM: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| anyhow::anyhow!("cannot handle SIGINT: {e}"))?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let which = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        info!(signal = which, "shutting down");
+        let _ = tx.send(true);
+    });
+    Ok(rx)
+}
+
+fn is_credential_problem(e: &kube::Error) -> bool {
+    matches!(
+        e,
+        kube::Error::Kubeconfig { .. }
+            | kube::Error::InCluster { .. }
+            | kube::Error::CredentialFile { .. }
+            | kube::Error::NoCredentials { .. }
+            | kube::Error::TlsConfig { .. }
+    )
+}
+
+/// Runs the agent until `shutdown` turns true.
+pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<(), AppError> {
+    let client = Client::from_config(&config).map_err(|e| {
+        if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
+    })?;
+    info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::VERSION);
+
+    let backend: Arc<dyn DeviceBackend> =
+        Arc::from(inventory::backend_from_config(&config).map_err(anyhow::Error::new)?);
+    let first = discover(&backend).await.map_err(anyhow::Error::new)?;
+    info!(backend = backend.name(), devices = first.devices.len(), "devices discovered");
+    let (inventory_tx, inventory_rx) = watch::channel(Arc::new(first));
+
+    let state_dir = config.paths.state_dir.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&state_dir))
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the state database failed: {e}"))?
+        .map_err(anyhow::Error::new)?;
+    let cluster = Arc::new(Cluster::new(client.clone()));
+    let hook_binary = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra"));
+    let preparer =
+        Preparer::new(store, inventory_rx.clone(), cluster.clone(), PrepareSettings::from_config(&config, hook_binary));
+    let recovering = preparer.clone();
+    let report = tokio::task::spawn_blocking(move || recovering.recover())
+        .await
+        .map_err(|e| anyhow::anyhow!("recovery failed: {e}"))?
+        .map_err(anyhow::Error::new)?;
+    info!(
+        rebooted = report.rebooted,
+        rolled_back = report.rolled_back.len(),
+        rewritten = report.rewritten.len(),
+        orphans_removed = report.orphans_removed.len(),
+        "state recovered"
+    );
+
+    let plugin =
+        PluginServer::start(&config.paths, &config.driver_name, Arc::new(preparer)).map_err(anyhow::Error::new)?;
+    info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
+
+    let (status_tx, status_rx) = watch::channel(PublishStatus::default());
+    let publishing = tokio::spawn(publish(
+        cluster.clone(),
+        config.driver_name.clone(),
+        config.node_name.clone(),
+        inventory_rx,
+        status_tx,
+        shutdown.clone(),
+    ));
+    let rediscovering = tokio::spawn(rediscover(backend, inventory_tx, config.rediscovery_interval, shutdown.clone()));
+    let readiness = tokio::spawn(report_readiness(plugin.registration(), status_rx, shutdown.clone()));
+
+    while !*shutdown.borrow() {
+        if shutdown.changed().await.is_err() {
+            break;
+        }
+    }
+    plugin.shutdown(config.shutdown_grace).await;
+    for task in [publishing, rediscovering, readiness] {
+        let _ = task.await;
+    }
+    info!("stopped");
+    Ok(())
+}
+
+async fn discover(backend: &Arc<dyn DeviceBackend>) -> Result<Inventory, inventory::InventoryError> {
+    let b = backend.clone();
+    match tokio::task::spawn_blocking(move || b.discover()).await {
+        Ok(r) => r,
+        Err(e) => Err(inventory::InventoryError::Mock(format!("device discovery panicked: {e}"))),
+    }
+}
+
+/// Rediscovers devices periodically and passes changes on.
+async fn rediscover(
+    backend: Arc<dyn DeviceBackend>,
+    tx: watch::Sender<Arc<Inventory>>,
+    every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => if *shutdown.borrow() { return },
+            _ = tick.tick() => {}
+        }
+        match discover(&backend).await {
+            Ok(inv) => {
+                tx.send_if_modified(|cur| {
+                    if **cur == inv {
+                        false
+                    } else {
+                        info!(devices = inv.devices.len(), "devices changed");
+                        *cur = Arc::new(inv);
+                        true
+                    }
+                });
+            }
+            Err(e) => warn!(error = %error_chain(&e), "rediscovering devices failed; keeping the last inventory"),
+        }
+    }
+}
+
+/// Reaches the API server (retrying while it is unreachable), then keeps the pool published.
+async fn publish(
+    cluster: Arc<Cluster>,
+    driver: String,
+    node: String,
+    inventory: watch::Receiver<Arc<Inventory>>,
+    status: watch::Sender<PublishStatus>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut delay = Duration::from_millis(500);
+    let (api, uid) = loop {
+        let attempt = async {
+            let api = cluster.api().await?;
+            let node_obj = cluster.client.get_node(&node).await?;
+            Ok::<_, kube::Error>((api, node_obj.metadata.uid))
+        };
+        let outcome = tokio::select! {
+            r = attempt => r,
+            _ = shutdown.changed() => if *shutdown.borrow() { return } else { continue },
+        };
+        match outcome {
+            Ok(found) => break found,
+            Err(e) => {
+                let msg = error_chain(&e);
+                if e.is_not_found() {
+                    error!(error = %msg, node = %node, "Node {node} does not exist; set node_name to this node's name as `kubectl get nodes` shows it");
+                } else {
+                    warn!(error = %msg, "cannot reach the API server yet; the kubelet is served meanwhile, retrying");
+                }
+                status.send_modify(|s| s.last_error = Some(msg));
+                let wait = delay + Duration::from_millis(fastrand::u64(0..=delay.as_millis() as u64 / 2));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.changed() => if *shutdown.borrow() { return },
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    };
+    info!(api = api.version(), node = %node, "publishing ResourceSlices");
+    let identity = NodeIdentity { name: node, uid };
+    Publisher::new(cluster.client.clone(), api, driver, identity, inventory, status).run(shutdown).await;
+}
+
+/// Logs when the agent becomes ready (registered with the kubelet and slices published) and
+/// when it stops being so.
+async fn report_readiness(
+    mut registration: watch::Receiver<RegistrationState>,
+    mut publish: watch::Receiver<PublishStatus>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut was_ready = false;
+    loop {
+        let registered = registration.borrow().is_registered();
+        let published = publish.borrow().in_sync;
+        let ready = registered && published;
+        if ready != was_ready {
+            if ready {
+                info!("ready: registered with the kubelet and slices published");
+            } else {
+                warn!(registered, published, "not ready");
+            }
+            was_ready = ready;
+        }
+        if let RegistrationState::Refused(reason) = &*registration.borrow() {
+            debug!(%reason, "registration refused by the kubelet");
+        }
+        tokio::select! {
+            r = registration.changed() => if r.is_err() { return },
+            r = publish.changed() => if r.is_err() { return },
+            _ = shutdown.changed() => if *shutdown.borrow() { return },
+        }
+    }
+}
+
+/// The API server as the rest of the agent uses it: the client plus the resource.k8s.io
+/// version, discovered on first use and then kept.
+pub struct Cluster {
+    client: Client,
+    api: OnceCell<ResourceApi>,
+}
+
+impl Cluster {
+    /// Wraps a client; nothing is contacted yet.
+    pub fn new(client: Client) -> Self {
+        Self { client, api: OnceCell::new() }
+    }
+
+    /// The resource.k8s.io version to use, discovered once.
+    pub async fn api(&self) -> Result<ResourceApi, kube::Error> {
+        self.api.get_or_try_init(|| self.client.discover_resource_api()).await.copied()
+    }
+}
+
+impl ClaimSource for Cluster {
+    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+        let (ns, n) = (namespace.to_string(), name.to_string());
+        Box::pin(async move {
+            let api_error = |source: Box<dyn std::error::Error + Send + Sync>| ClaimFetchError::Api {
+                namespace: ns.clone(),
+                name: n.clone(),
+                source,
+            };
+            let fetch = async {
+                let api = self.api().await?;
+                self.client.get_claim(api, &ns, &n).await
+            };
+            match tokio::time::timeout(CLAIM_FETCH_DEADLINE, fetch).await {
+                Ok(Ok(claim)) => Ok(claim),
+                Ok(Err(e)) if e.is_not_found() => {
+                    Err(ClaimFetchError::NotFound { namespace: ns.clone(), name: n.clone() })
+                }
+                Ok(Err(e)) => Err(api_error(Box::new(e))),
+                Err(_) => Err(api_error(
+                    format!("no answer from the API server within {}s", CLAIM_FETCH_DEADLINE.as_secs()).into(),
+                )),
+            }
+        })
+    }
 }

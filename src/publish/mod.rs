@@ -4,3 +4,4 @@
 
 pub mod desired;
 pub mod plan;
+pub mod reconcile;
