@@ -115,7 +115,10 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         .map_err(|e| anyhow::anyhow!("opening the state database failed: {e}"))?
         .map_err(anyhow::Error::new)?;
     let cluster = Arc::new(Cluster::new(client.clone()));
-    let hook_binary = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra"));
+    let hook_binary = match &config.paths.cdi_hook_binary {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra")),
+    };
     let preparer =
         Preparer::new(store, inventory_rx.clone(), cluster.clone(), PrepareSettings::from_config(&config, hook_binary));
     let recovering = preparer.clone();

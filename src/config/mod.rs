@@ -87,6 +87,9 @@ pub struct Paths {
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// Where edra writes its per-claim (transient) CDI specs; one of `cdi_spec_dirs`.
     pub cdi_dynamic_dir: PathBuf,
+    /// The `edra` binary the CDI specs' hooks run, as a path on the host (the runtime runs
+    /// hooks in the host's mount namespace). Default: the running binary.
+    pub cdi_hook_binary: Option<PathBuf>,
     /// edra's own state (the sled database).
     pub state_dir: PathBuf,
     /// Root under which the NVIDIA driver's files are found (`/` on most hosts).
@@ -380,6 +383,7 @@ impl Config {
             registry_dir,
             cdi_spec_dirs,
             cdi_dynamic_dir,
+            cdi_hook_binary: r.opt("cdi.hook_binary", abs_path),
             state_dir: r.get("paths.state_dir", "/var/lib/edra".into(), abs_path),
             driver_root: r.get("paths.driver_root", "/".into(), abs_path),
             dev_root: r.get("paths.dev_root", "/dev".into(), abs_path),
