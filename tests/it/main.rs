@@ -4,4 +4,5 @@
 
 mod cli_inventory;
 mod inventory_nvml;
+mod manifests;
 mod support;
