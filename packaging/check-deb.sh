@@ -38,6 +38,12 @@ for u in /usr/lib/systemd/system/edra.service /lib/systemd/system/edra.service; 
 done
 [ -n "$unit" ] || fail "the systemd unit edra.service is missing"
 has_file /usr/lib/tmpfiles.d/edra.conf || fail "/usr/lib/tmpfiles.d/edra.conf is missing"
+if [ -n "$unit" ]; then
+	dpkg-deb --fsys-tarfile "$deb" | tar -xO ".$unit" >"$work/unit"
+	for line in 'Type=notify' 'ExecStart=/usr/bin/edra run' 'StateDirectory=edra' 'WantedBy=multi-user.target'; do
+		grep -qx "$line" "$work/unit" || fail "the unit lacks $line"
+	done
+fi
 has_file /etc/edra/config.toml || fail "/etc/edra/config.toml is missing"
 has_file /etc/default/edra || fail "/etc/default/edra is missing"
 for m in deviceclasses.yaml deviceclasses-v1beta1.yaml daemonset.yaml rbac.yaml admission-policy.yaml; do
