@@ -77,9 +77,9 @@ else
 fi
 postrm="$work/control/postrm"
 if [ -f "$postrm" ]; then
-	grep -q 'rm -rf /var/lib/edra' "$postrm" || fail "postrm does not delete /var/lib/edra on purge"
+	grep -Eq 'rm -rf "?(\$\{DPKG_ROOT:-\})?/var/lib/edra' "$postrm" || fail "postrm does not delete /var/lib/edra on purge"
 	# Only under purge: removal keeps the state.
-	awk '/"\$1" = "purge"/{p=1} /rm -rf \/var\/lib\/edra/{ if (!p) bad=1 } END{ exit bad }' "$postrm" ||
+	awk '/"\$1" = "purge"/{p=1} /rm -rf .*\/var\/lib\/edra/{ if (!p) bad=1 } END{ exit bad }' "$postrm" ||
 		fail "postrm deletes /var/lib/edra outside purge"
 else
 	fail "no postrm"
