@@ -1,7 +1,8 @@
 //! The systemd notification protocol (`sd_notify`), spoken directly over a Unix datagram
 //! socket: `READY=1` once edra is registered with the kubelet and its slices are
-//! published, `STOPPING=1` when shutdown begins, `STATUS=...` for `systemctl status`, and
-//! `WATCHDOG=1` pings while the unit sets `WatchdogSec=`.
+//! published, `STOPPING=1` when shutdown begins, `STATUS=...` for `systemctl status`,
+//! `EXTEND_TIMEOUT_USEC=...` for a slow start, and `WATCHDOG=1` pings while the unit sets
+//! `WatchdogSec=`.
 //!
 //! The service manager passes the socket in `NOTIFY_SOCKET` (a path, or `@name` for an
 //! abstract socket) and the watchdog in `WATCHDOG_USEC` / `WATCHDOG_PID`. Those values
@@ -133,6 +134,13 @@ impl Notifier {
     pub fn status(&self, text: &str) -> Result<(), NotifyError> {
         let line: String = text.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
         self.send(&format!("STATUS={line}"))
+    }
+
+    /// Asks for `extra` more time to finish starting (or stopping) than `TimeoutStartSec=`
+    /// (`TimeoutStopSec=`) allows, counted from now: `EXTEND_TIMEOUT_USEC=...`. Useful
+    /// while waiting for an API server that is not reachable yet.
+    pub fn extend_timeout(&self, extra: Duration) -> Result<(), NotifyError> {
+        self.send(&format!("EXTEND_TIMEOUT_USEC={}", extra.as_micros()))
     }
 
     /// A watchdog keep-alive: `WATCHDOG=1`.

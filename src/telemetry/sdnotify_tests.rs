@@ -42,6 +42,8 @@ fn sends_each_state_to_a_path_socket() {
     assert_eq!(recv(&socket), "STATUS=publishing 2 GPUs");
     n.watchdog().expect("watchdog");
     assert_eq!(recv(&socket), "WATCHDOG=1");
+    n.extend_timeout(Duration::from_secs(90)).expect("extend");
+    assert_eq!(recv(&socket), "EXTEND_TIMEOUT_USEC=90000000");
     n.stopping().expect("stopping");
     assert_eq!(recv(&socket), "STOPPING=1");
 }
