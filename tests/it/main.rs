@@ -5,4 +5,5 @@
 mod cli_inventory;
 mod inventory_nvml;
 mod manifests;
+mod packaging;
 mod support;
