@@ -2,6 +2,9 @@
 //!
 //! Structured fields (`claim.uid`, `device`, `pool`) carry the context; secrets never do:
 //! types that hold tokens, keys or certificates redact themselves in `Debug`.
+//! [`sdnotify`] speaks systemd's notification protocol (ready, stopping, watchdog).
+
+pub mod sdnotify;
 
 use tracing_subscriber::EnvFilter;
 

@@ -7,5 +7,7 @@ mod cli_inventory;
 mod hook;
 mod inventory_nvml;
 mod kube_client;
+mod manifests;
+mod packaging;
 mod plugin_grpc;
 mod support;
