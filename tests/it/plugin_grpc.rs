@@ -129,6 +129,7 @@ impl Dirs {
             registry_dir: root.join("plugins_registry"),
             cdi_spec_dirs: vec![base.join("cdi")],
             cdi_dynamic_dir: base.join("cdi"),
+            cdi_hook_binary: None,
             state_dir: base.join("state"),
             driver_root: base.join("driver"),
             dev_root: base.join("dev"),
