@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::{OnceCell, watch};
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::inventory::{self, DeviceBackend, Inventory};
@@ -24,6 +24,7 @@ use crate::prepare::{ClaimFetchError, ClaimSource, PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
+use crate::telemetry::sdnotify::Notifier;
 
 /// How long a claim fetch may take in total, so a prepare answers the kubelet well within
 /// its 45 s timeout even when the API server does not answer.
@@ -148,15 +149,39 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         shutdown.clone(),
     ));
     let rediscovering = tokio::spawn(rediscover(backend, inventory_tx, config.rediscovery_interval, shutdown.clone()));
-    let readiness = tokio::spawn(report_readiness(plugin.registration(), status_rx, shutdown.clone()));
+    let notifier = match Notifier::from_process_env() {
+        Ok(n) => n.map(Arc::new),
+        Err(e) => {
+            warn!(error = %e, "cannot talk to systemd's notify socket; readiness is not reported to systemd");
+            None
+        }
+    };
+    let watchdog = notifier.clone().map(|n| {
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            n.run_watchdog(async move {
+                while !*stop.borrow() {
+                    if stop.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await
+        })
+    });
+    let readiness =
+        tokio::spawn(report_readiness(plugin.registration(), status_rx, notifier.clone(), shutdown.clone()));
 
     while !*shutdown.borrow() {
         if shutdown.changed().await.is_err() {
             break;
         }
     }
+    if let Some(n) = &notifier {
+        let _ = n.stopping();
+    }
     plugin.shutdown(config.shutdown_grace).await;
-    for task in [publishing, rediscovering, readiness] {
+    for task in [publishing, rediscovering, readiness].into_iter().chain(watchdog) {
         let _ = task.await;
     }
     info!("stopped");
@@ -247,28 +272,51 @@ async fn publish(
 }
 
 /// Logs when the agent becomes ready (registered with the kubelet and slices published) and
-/// when it stops being so.
+/// when it stops being so, and keeps systemd informed (READY=1 once, STATUS= on changes).
 async fn report_readiness(
     mut registration: watch::Receiver<RegistrationState>,
     mut publish: watch::Receiver<PublishStatus>,
+    notifier: Option<Arc<Notifier>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut told_ready = false;
     let mut was_ready = false;
+    let mut last_status = String::new();
     loop {
-        let registered = registration.borrow().is_registered();
-        let published = publish.borrow().in_sync;
+        let registration_state = registration.borrow().clone();
+        let registered = registration_state.is_registered();
+        let PublishStatus { in_sync: published, devices, last_error, .. } = publish.borrow().clone();
         let ready = registered && published;
         if ready != was_ready {
             if ready {
-                info!("ready: registered with the kubelet and slices published");
+                info!(devices, "ready: registered with the kubelet and slices published");
             } else {
                 warn!(registered, published, "not ready");
             }
             was_ready = ready;
         }
-        if let RegistrationState::Refused(reason) = &*registration.borrow() {
-            debug!(%reason, "registration refused by the kubelet");
+        let status = match (&registration_state, published, &last_error) {
+            (RegistrationState::Refused(reason), _, _) => format!("the kubelet refused the registration: {reason}"),
+            (_, true, _) if registered => format!("ready: {devices} devices published"),
+            (_, false, Some(e)) => format!("registered with the kubelet: {registered}; not published yet: {e}"),
+            _ => format!("registered with the kubelet: {registered}; slices published: {published}"),
+        };
+        if let Some(n) = &notifier {
+            // An edge node may start without its control plane: once the kubelet is served
+            // and publishing has been tried, the start is complete for systemd (the status
+            // says what is missing) rather than a working agent being killed at the timeout.
+            let started = registered && (published || last_error.is_some());
+            if started && !told_ready {
+                told_ready = true;
+                if let Err(e) = n.ready() {
+                    warn!(error = %e, "cannot send READY=1 to systemd");
+                }
+            }
+            if status != last_status {
+                let _ = n.status(&status);
+            }
         }
+        last_status = status;
         tokio::select! {
             r = registration.changed() => if r.is_err() { return },
             r = publish.changed() => if r.is_err() { return },
