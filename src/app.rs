@@ -2,7 +2,8 @@
 //!
 //! Start: credentials (offline; a malformed kubeconfig stops here) → discover devices →
 //! open and recover the state → serve the DRA socket, then the registration socket →
-//! publish slices. The API server is needed only for publishing and for first-time
+//! publish slices; the metrics address is bound first, so a taken port stops edra before
+//! anything else happens, and served once the plugin runs. The API server is needed only for publishing and for first-time
 //! prepares: when it is unreachable the kubelet is still served, so claims prepared before
 //! keep working and can be released. SIGTERM/SIGINT: stop publishing (slices stay), let
 //! in-flight kubelet calls finish within the grace period, remove our sockets.
@@ -19,11 +20,13 @@ use tracing::{debug, error, info, warn};
 use crate::config::Config;
 use crate::inventory::{self, DeviceBackend, Inventory};
 use crate::kube::{self, Client, ResourceApi};
-use crate::plugin::{PluginServer, RegistrationState};
+use crate::plugin::{PluginOptions, PluginServer, RegistrationState};
 use crate::prepare::{ClaimFetchError, ClaimSource, PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
+use crate::telemetry::http::{Endpoints, MetricsListener, Readiness};
+use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 
 /// How long a claim fetch may take in total, so a prepare answers the kubelet well within
 /// its 45 s timeout even when the API server does not answer.
@@ -102,6 +105,10 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
     })?;
     info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::VERSION);
+    let metrics_listener = match config.metrics.address {
+        Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
+        None => None,
+    };
 
     let backend: Arc<dyn DeviceBackend> =
         Arc::from(inventory::backend_from_config(&config).map_err(anyhow::Error::new)?);
@@ -131,8 +138,10 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         "state recovered"
     );
 
-    let plugin =
-        PluginServer::start(&config.paths, &config.driver_name, Arc::new(preparer)).map_err(anyhow::Error::new)?;
+    let calls = CallMetrics::new();
+    let options = PluginOptions { observer: Some(calls.clone()), ..PluginOptions::default() };
+    let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
+        .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
 
     let (status_tx, status_rx) = watch::channel(PublishStatus::default());
@@ -145,6 +154,16 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         shutdown.clone(),
     ));
     let rediscovering = tokio::spawn(rediscover(backend, inventory_tx, config.rediscovery_interval, shutdown.clone()));
+    let serving_metrics = metrics_listener.map(|listener| {
+        let api_client = client.clone();
+        let sources = StateSources {
+            registration: plugin.registration(),
+            publish: status_rx.clone(),
+            api_stats: Arc::new(move || api_client.stats()),
+        };
+        let readiness = Readiness { registration: plugin.registration(), publish: status_rx.clone() };
+        listener.serve(Endpoints { metrics: Metrics::new(&calls, sources), readiness }, shutdown.clone())
+    });
     let readiness = tokio::spawn(report_readiness(plugin.registration(), status_rx, shutdown.clone()));
 
     while !*shutdown.borrow() {
@@ -153,7 +172,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         }
     }
     plugin.shutdown(config.shutdown_grace).await;
-    for task in [publishing, rediscovering, readiness] {
+    for task in [publishing, rediscovering, readiness].into_iter().chain(serving_metrics) {
         let _ = task.await;
     }
     info!("stopped");

@@ -1,7 +1,13 @@
-//! Logging setup: human-readable or JSON lines on stderr, filtered by `log.level`.
+//! Logging, metrics and health checks.
 //!
-//! Structured fields (`claim.uid`, `device`, `pool`) carry the context; secrets never do:
-//! types that hold tokens, keys or certificates redact themselves in `Debug`.
+//! This file sets up logging: human-readable or JSON lines on stderr, filtered by
+//! `log.level`. Structured fields (`claim.uid`, `device`, `pool`) carry the context;
+//! secrets never do: types that hold tokens, keys or certificates redact themselves in
+//! `Debug`. [`metrics`] holds the Prometheus registry, [`http`] serves it with `/healthz`
+//! and `/readyz` on `metrics.address`.
+
+pub mod http;
+pub mod metrics;
 
 use tracing_subscriber::EnvFilter;
 
