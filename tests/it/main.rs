@@ -7,5 +7,6 @@ mod cli_inventory;
 mod hook;
 mod inventory_nvml;
 mod kube_client;
+mod metrics;
 mod plugin_grpc;
 mod support;
