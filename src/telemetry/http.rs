@@ -29,6 +29,8 @@ use crate::publish::reconcile::PublishStatus;
 const DRAIN: Duration = Duration::from_secs(1);
 /// How long a client may take to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more are closed on accept (scrapers need one or two).
+const MAX_CONNECTIONS: usize = 64;
 /// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
@@ -179,6 +181,10 @@ async fn accept_loop(listener: TcpListener, endpoints: Arc<Endpoints>, mut shutd
         tokio::select! {
             _ = stopped(&mut shutdown) => break,
             accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) if connections.len() >= MAX_CONNECTIONS => {
+                    warn!(%peer, limit = MAX_CONNECTIONS, "too many metrics connections; closing a new one");
+                    drop(stream);
+                }
                 Ok((stream, peer)) => {
                     debug!(%peer, "metrics connection");
                     connections.spawn(connection(stream, Arc::clone(&endpoints), shutdown.clone()));

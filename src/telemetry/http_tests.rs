@@ -46,22 +46,26 @@ struct Answer {
     body: String,
 }
 
-async fn request(addr: SocketAddr, method: Method, path: &str) -> Answer {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
+async fn try_request(addr: SocketAddr, method: Method, path: &str) -> Option<Answer> {
+    let stream = TcpStream::connect(addr).await.ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
     tokio::spawn(conn);
     let req = Request::builder()
         .method(method)
         .uri(path)
         .header(header::HOST, "localhost")
         .body(Empty::<Bytes>::new())
-        .unwrap();
-    let res = sender.send_request(req).await.expect("response");
+        .ok()?;
+    let res = sender.send_request(req).await.ok()?;
     let status = res.status();
     let content_type =
         res.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-    let body = res.into_body().collect().await.expect("body").to_bytes();
-    Answer { status, content_type, body: String::from_utf8(body.to_vec()).expect("UTF-8 body") }
+    let body = res.into_body().collect().await.ok()?.to_bytes();
+    Some(Answer { status, content_type, body: String::from_utf8(body.to_vec()).ok()? })
+}
+
+async fn request(addr: SocketAddr, method: Method, path: &str) -> Answer {
+    try_request(addr, method, path).await.unwrap_or_else(|| panic!("no answer to {path}"))
 }
 
 async fn get(addr: SocketAddr, path: &str) -> Answer {
@@ -210,4 +214,31 @@ async fn shutdown_ends_the_server_with_a_connection_still_open() {
     tokio::time::timeout(Duration::from_secs(5), env.task).await.expect("server stopped").expect("no panic");
     tokio::time::timeout(Duration::from_secs(5), conn).await.expect("connection closed").expect("no panic").ok();
     assert!(TcpStream::connect(env.addr).await.is_err(), "the address is no longer served");
+}
+
+#[tokio::test]
+async fn connections_over_the_limit_are_closed_and_served_again_once_others_end() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = start(&CallMetrics::new());
+    let mut idle = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        idle.push(TcpStream::connect(env.addr).await.expect("connect"));
+    }
+    let mut extra = TcpStream::connect(env.addr).await.expect("connect");
+    extra.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").await.expect("write");
+    let mut buf = [0u8; 64];
+    let read = extra.read(&mut buf).await;
+    assert!(matches!(read, Ok(0) | Err(_)), "the connection over the limit is closed: {read:?}");
+
+    drop(idle);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = tokio::time::timeout(Duration::from_secs(2), try_request(env.addr, Method::GET, "/healthz")).await;
+        if matches!(&answer, Ok(Some(a)) if a.status == StatusCode::OK) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "served again after the idle connections closed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = env.stop.send(true);
 }
