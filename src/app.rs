@@ -2,7 +2,8 @@
 //!
 //! Start: credentials (offline; a malformed kubeconfig stops here) → discover devices →
 //! open and recover the state → serve the DRA socket, then the registration socket →
-//! publish slices. The API server is needed only for publishing and for first-time
+//! publish slices; the metrics address is bound first, so a taken port stops edra before
+//! anything else happens, and served once the plugin runs. The API server is needed only for publishing and for first-time
 //! prepares: when it is unreachable the kubelet is still served, so claims prepared before
 //! keep working and can be released. SIGTERM/SIGINT: stop publishing (slices stay), let
 //! in-flight kubelet calls finish within the grace period, remove our sockets.
@@ -19,11 +20,13 @@ use tracing::{error, info, warn};
 use crate::config::Config;
 use crate::inventory::{self, DeviceBackend, Inventory};
 use crate::kube::{self, Client, ResourceApi};
-use crate::plugin::{PluginServer, RegistrationState};
+use crate::plugin::{PluginOptions, PluginServer, RegistrationState};
 use crate::prepare::{ClaimFetchError, ClaimSource, PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
+use crate::telemetry::http::{Endpoints, MetricsListener, Readiness};
+use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
 
 /// How long a claim fetch may take in total, so a prepare answers the kubelet well within
@@ -103,6 +106,10 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
     })?;
     info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::VERSION);
+    let metrics_listener = match config.metrics.address {
+        Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
+        None => None,
+    };
 
     let backend: Arc<dyn DeviceBackend> =
         Arc::from(inventory::backend_from_config(&config).map_err(anyhow::Error::new)?);
@@ -135,8 +142,10 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         "state recovered"
     );
 
-    let plugin =
-        PluginServer::start(&config.paths, &config.driver_name, Arc::new(preparer)).map_err(anyhow::Error::new)?;
+    let calls = CallMetrics::new();
+    let options = PluginOptions { observer: Some(calls.clone()), ..PluginOptions::default() };
+    let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
+        .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
 
     let (status_tx, status_rx) = watch::channel(PublishStatus::default());
@@ -149,6 +158,16 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         shutdown.clone(),
     ));
     let rediscovering = tokio::spawn(rediscover(backend, inventory_tx, config.rediscovery_interval, shutdown.clone()));
+    let serving_metrics = metrics_listener.map(|listener| {
+        let api_client = client.clone();
+        let sources = StateSources {
+            registration: plugin.registration(),
+            publish: status_rx.clone(),
+            api_stats: Arc::new(move || api_client.stats()),
+        };
+        let readiness = Readiness { registration: plugin.registration(), publish: status_rx.clone() };
+        listener.serve(Endpoints { metrics: Metrics::new(&calls, sources), readiness }, shutdown.clone())
+    });
     let notifier = match Notifier::from_process_env() {
         Ok(n) => n.map(Arc::new),
         Err(e) => {
@@ -181,7 +200,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         let _ = n.stopping();
     }
     plugin.shutdown(config.shutdown_grace).await;
-    for task in [publishing, rediscovering, readiness].into_iter().chain(watchdog) {
+    for task in [publishing, rediscovering, readiness].into_iter().chain(watchdog).chain(serving_metrics) {
         let _ = task.await;
     }
     info!("stopped");

@@ -12,7 +12,7 @@
 //! - [`prepare`]: claim preparation: opaque configs, CDI specs, driver files.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
-//! - [`telemetry`]: logging setup.
+//! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
 
 pub mod app;

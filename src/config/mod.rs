@@ -117,6 +117,26 @@ impl Paths {
     }
 }
 
+/// The metrics and health endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsSettings {
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` when disabled.
+    pub address: Option<std::net::SocketAddr>,
+}
+
+/// The default metrics address: loopback only.
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9464";
+
+fn metrics_address(raw: &Raw) -> Result<Option<std::net::SocketAddr>, String> {
+    let s = string(raw)?;
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse().map(Some).map_err(|_| {
+        format!("{s:?} is not an IP address and port such as \"127.0.0.1:9464\" or \"[::1]:9464\"; use \"\" to disable")
+    })
+}
+
 /// NVML settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NvmlSettings {
@@ -199,6 +219,8 @@ pub struct Config {
     pub rediscovery_interval: Duration,
     /// How long in-flight gRPC calls may finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// The metrics and health endpoint.
+    pub metrics: MetricsSettings,
     /// The mock backend's devices.
     pub mock: MockSettings,
 }
@@ -398,6 +420,9 @@ impl Config {
         };
         let rediscovery_interval = r.get("publish.rediscovery_interval", Duration::from_secs(60), positive_duration);
         let shutdown_grace = r.get("plugin.shutdown_grace", Duration::from_secs(10), duration);
+        let metrics = MetricsSettings {
+            address: r.get("metrics.address", DEFAULT_METRICS_ADDRESS.parse().ok(), metrics_address),
+        };
         let mock = read_mock(r);
         Config {
             file,
@@ -411,6 +436,7 @@ impl Config {
             nvml,
             rediscovery_interval,
             shutdown_grace,
+            metrics,
             mock,
         }
     }

@@ -148,3 +148,17 @@ fn documented_example_is_valid_and_shows_the_defaults() {
     assert_eq!(from_example.file.as_deref(), Some(example.as_path()));
     assert_eq!(Config { file: None, ..from_example }, defaults);
 }
+
+#[test]
+fn metrics_address_defaults_to_loopback_and_can_be_disabled() {
+    let cfg = Config::load(&ctx(None, &[])).unwrap();
+    assert_eq!(cfg.metrics.address, Some("127.0.0.1:9464".parse().unwrap()));
+    let cfg = Config::load(&ctx(None, &[("EDRA_METRICS_ADDRESS", "[::1]:9100")])).unwrap();
+    assert_eq!(cfg.metrics.address, Some("[::1]:9100".parse().unwrap()));
+    let f = write("[metrics]\naddress = \"\"\n");
+    let cfg = Config::load(&ctx(Some(f.path().into()), &[])).unwrap();
+    assert_eq!(cfg.metrics.address, None);
+    let problems = Config::load(&ctx(None, &[("EDRA_METRICS_ADDRESS", "localhost:9464")])).unwrap_err();
+    let msg = problems[0].to_string();
+    assert!(msg.contains("metrics.address") && msg.contains("not an IP address and port"), "{msg}");
+}

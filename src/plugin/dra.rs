@@ -6,7 +6,7 @@
 //! a claim without UID or a UID listed twice fails the whole call with `InvalidArgument`;
 //! a claim without namespace or name gets a per-claim error; every requested UID is in
 //! the answer, even if the handler missed one. Each call runs in a span with a sequential
-//! request id, and its outcome and latency are logged.
+//! request id; its outcome and latency are logged and reported to the [`CallObserver`].
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
@@ -19,21 +19,24 @@ use tracing::Instrument;
 
 use super::handler::{ClaimRef, DraHandler, PreparedDevice};
 use super::inflight::InFlight;
+use super::observer::{CallObserver, CallOutcome, CallReport, DraMethod};
 use super::proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 
 /// Per-claim outcomes, keyed by claim UID.
 type Outcomes<T> = BTreeMap<String, Result<T, String>>;
 
-/// What both DRAPlugin versions share: the handler, the request counter, the task tracker.
+/// What both DRAPlugin versions share: the handler, the request counter, the task tracker
+/// and the observer of finished calls.
 pub(crate) struct DraCalls<H> {
     handler: Arc<H>,
     inflight: Arc<InFlight>,
+    observer: Arc<dyn CallObserver>,
     next_id: AtomicU64,
 }
 
 impl<H: DraHandler> DraCalls<H> {
-    pub(crate) fn new(handler: Arc<H>, inflight: Arc<InFlight>) -> Arc<Self> {
-        Arc::new(DraCalls { handler, inflight, next_id: AtomicU64::new(0) })
+    pub(crate) fn new(handler: Arc<H>, inflight: Arc<InFlight>, observer: Arc<dyn CallObserver>) -> Arc<Self> {
+        Arc::new(DraCalls { handler, inflight, observer, next_id: AtomicU64::new(0) })
     }
 
     async fn prepare(
@@ -41,26 +44,24 @@ impl<H: DraHandler> DraCalls<H> {
         version: &'static str,
         claims: Vec<ClaimRef>,
     ) -> Result<Outcomes<Vec<PreparedDevice>>, Status> {
-        self.call(
-            version,
-            "NodePrepareResources",
-            claims,
-            |handler, claims| async move { handler.prepare(claims).await },
-        )
-        .await
+        self.call(version, DraMethod::Prepare, claims, |handler, claims| async move { handler.prepare(claims).await })
+            .await
     }
 
     async fn unprepare(&self, version: &'static str, claims: Vec<ClaimRef>) -> Result<Outcomes<()>, Status> {
-        self.call(version, "NodeUnprepareResources", claims, |handler, claims| async move {
-            handler.unprepare(claims).await
-        })
+        self.call(
+            version,
+            DraMethod::Unprepare,
+            claims,
+            |handler, claims| async move { handler.unprepare(claims).await },
+        )
         .await
     }
 
     async fn call<T, F, Fut>(
         &self,
         version: &'static str,
-        method: &'static str,
+        method: DraMethod,
         claims: Vec<ClaimRef>,
         run: F,
     ) -> Result<Outcomes<T>, Status>
@@ -70,9 +71,15 @@ impl<H: DraHandler> DraCalls<H> {
         Fut: Future<Output = Outcomes<T>> + Send + 'static,
     {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let span = tracing::info_span!("dra_call", request_id = id, version, method, claims = claims.len());
-        async move {
-            let started = Instant::now();
+        let span = tracing::info_span!(
+            "dra_call",
+            request_id = id,
+            version,
+            method = method.grpc_name(),
+            claims = claims.len()
+        );
+        let started = Instant::now();
+        let result = async move {
             let checked = validate(claims).inspect_err(|status| {
                 tracing::warn!(error = status.message(), "rejected a malformed request");
             })?;
@@ -104,8 +111,28 @@ impl<H: DraHandler> DraCalls<H> {
             Ok(outcomes)
         }
         .instrument(span)
-        .await
+        .await;
+        self.observer.call_finished(&report(method, version, &result, started));
+        result
     }
+}
+
+/// What the observer learns about a finished call.
+fn report<T>(
+    method: DraMethod,
+    version: &'static str,
+    result: &Result<Outcomes<T>, Status>,
+    started: Instant,
+) -> CallReport {
+    let (outcome, claims_ok, claims_failed) = match result {
+        Ok(outcomes) => {
+            let failed = outcomes.values().filter(|o| o.is_err()).count() as u64;
+            let ok = outcomes.len() as u64 - failed;
+            (if failed == 0 { CallOutcome::Ok } else { CallOutcome::ClaimErrors }, ok, failed)
+        }
+        Err(_) => (CallOutcome::Failed, 0, 0),
+    };
+    CallReport { method, version, outcome, claims_ok, claims_failed, duration: started.elapsed() }
 }
 
 /// A request split into claims for the handler and claims already answered with an error.
@@ -232,6 +259,22 @@ mod tests {
 
     fn claim(ns: &str, name: &str, uid: &str) -> ClaimRef {
         ClaimRef { namespace: ns.into(), name: name.into(), uid: uid.into() }
+    }
+
+    #[test]
+    fn reports_count_claims_and_classify_the_call() {
+        let started = Instant::now();
+        let mut outcomes: Outcomes<()> = BTreeMap::new();
+        let r = report(DraMethod::Prepare, "v1", &Ok(outcomes.clone()), started);
+        assert_eq!((r.outcome, r.claims_ok, r.claims_failed), (CallOutcome::Ok, 0, 0));
+        outcomes.insert("u1".into(), Ok(()));
+        outcomes.insert("u2".into(), Err("no such device".into()));
+        outcomes.insert("u3".into(), Ok(()));
+        let r = report(DraMethod::Unprepare, "v1beta1", &Ok(outcomes), started);
+        assert_eq!((r.method, r.version), (DraMethod::Unprepare, "v1beta1"));
+        assert_eq!((r.outcome, r.claims_ok, r.claims_failed), (CallOutcome::ClaimErrors, 2, 1));
+        let r = report::<()>(DraMethod::Prepare, "v1", &Err(Status::invalid_argument("dup")), started);
+        assert_eq!((r.outcome, r.claims_ok, r.claims_failed), (CallOutcome::Failed, 0, 0));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! [`PluginServer::start`] serves the DRA socket (both DRAPlugin versions, answered by a
 //! [`DraHandler`], and with [`PluginServer::start_with_health`] the device health stream)
 //! and then the registration socket; the kubelet's verdict is published
-//! as a [`RegistrationState`]; [`PluginServer::shutdown`] drains and removes the sockets.
+//! as a [`RegistrationState`]; finished calls are reported to an optional
+//! [`CallObserver`] ([`PluginServer::start_with`]); [`PluginServer::shutdown`] drains and removes the sockets.
 //! Every accepted connection goes through [`authority::AuthorityFix`], which makes the
 //! kubelet's registration dial (whose `:authority` is a socket path) acceptable to the
 //! HTTP/2 server.
@@ -17,6 +18,7 @@ mod dra;
 pub mod handler;
 mod health;
 mod inflight;
+mod observer;
 pub mod proto;
 mod registration;
 mod server;
@@ -24,8 +26,9 @@ mod socket;
 
 pub use handler::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
 pub use health::{DeviceHealth, HEALTH_SERVICE, Health, HealthList};
+pub use observer::{CallObserver, CallOutcome, CallReport, DraMethod, NoObserver};
 pub use registration::{PLUGIN_TYPE, RegistrationState, SUPPORTED_VERSIONS};
-pub use server::PluginServer;
+pub use server::{PluginOptions, PluginServer};
 pub use socket::PluginStream;
 
 /// Why the plugin sockets could not be set up.

@@ -1,10 +1,13 @@
 //! The `pluginregistration.Registration` service on the registration socket: tells the
 //! kubelet what edra is and where its DRA socket lives, and records whether the kubelet
-//! accepted it.
+//! accepted it (a [`RegistrationState`], and a note to the [`CallObserver`]).
+
+use std::sync::Arc;
 
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use super::observer::CallObserver;
 use super::proto::registration::registration_server::Registration;
 use super::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
 
@@ -39,17 +42,24 @@ pub(crate) struct RegistrationService {
     endpoint: String,
     versions: Vec<String>,
     state: watch::Sender<RegistrationState>,
+    observer: Arc<dyn CallObserver>,
 }
 
 impl RegistrationService {
     /// A service announcing `driver` with the DRA socket at `endpoint` (an absolute path)
     /// serving the DRAPlugin versions and, with `health`, the health service.
-    pub(crate) fn new(driver: String, endpoint: String, health: bool, state: watch::Sender<RegistrationState>) -> Self {
+    pub(crate) fn new(
+        driver: String,
+        endpoint: String,
+        health: bool,
+        state: watch::Sender<RegistrationState>,
+        observer: Arc<dyn CallObserver>,
+    ) -> Self {
         let mut versions: Vec<String> = SUPPORTED_VERSIONS.iter().map(|v| (*v).to_string()).collect();
         if health {
             versions.push(super::health::HEALTH_SERVICE.to_string());
         }
-        RegistrationService { driver, endpoint, versions, state }
+        RegistrationService { driver, endpoint, versions, state, observer }
     }
 }
 
@@ -70,6 +80,7 @@ impl Registration for RegistrationService {
         request: Request<RegistrationStatus>,
     ) -> Result<Response<RegistrationStatusResponse>, Status> {
         let status = request.into_inner();
+        self.observer.registration_status(status.plugin_registered);
         if status.plugin_registered {
             tracing::info!(driver = %self.driver, endpoint = %self.endpoint, "registered with the kubelet");
             self.state.send_replace(RegistrationState::Registered);

@@ -20,6 +20,7 @@ use super::dra::{DraCalls, DraV1, DraV1beta1};
 use super::handler::DraHandler;
 use super::health::{HealthList, HealthService};
 use super::inflight::InFlight;
+use super::observer::{CallObserver, NoObserver};
 use super::proto::dra_v1::dra_plugin_server::DraPluginServer as DraV1Server;
 use super::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as DraV1beta1Server;
 use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer;
@@ -39,6 +40,24 @@ struct Served {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
     connections: Arc<Connections>,
+}
+
+/// The optional parts of a [`PluginServer`].
+#[derive(Default)]
+pub struct PluginOptions {
+    /// Serve `v1alpha1.DRAResourceHealth` from these complete device lists and advertise it.
+    pub health: Option<watch::Receiver<HealthList>>,
+    /// Told about every finished DRAPlugin call and every registration status.
+    pub observer: Option<Arc<dyn CallObserver>>,
+}
+
+impl std::fmt::Debug for PluginOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginOptions")
+            .field("health", &self.health.is_some())
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
 }
 
 /// The kubelet plugin: the DRA socket and the registration socket, both being served.
@@ -69,7 +88,7 @@ impl PluginServer {
     /// replaces stale sockets of its own names, and refuses to touch anything else at
     /// those paths.
     pub fn start<H: DraHandler>(paths: &Paths, driver: &str, handler: Arc<H>) -> Result<PluginServer, PluginError> {
-        Self::start_inner(paths, driver, handler, None)
+        Self::start_with(paths, driver, handler, PluginOptions::default())
     }
 
     /// Like [`PluginServer::start`], and also serves `v1alpha1.DRAResourceHealth` from
@@ -80,15 +99,19 @@ impl PluginServer {
         handler: Arc<H>,
         health: watch::Receiver<HealthList>,
     ) -> Result<PluginServer, PluginError> {
-        Self::start_inner(paths, driver, handler, Some(health))
+        Self::start_with(paths, driver, handler, PluginOptions { health: Some(health), ..PluginOptions::default() })
     }
 
-    fn start_inner<H: DraHandler>(
+    /// Like [`PluginServer::start`], with the optional parts in `options`: the device
+    /// health stream and an observer of finished calls and registration statuses.
+    pub fn start_with<H: DraHandler>(
         paths: &Paths,
         driver: &str,
         handler: Arc<H>,
-        health: Option<watch::Receiver<HealthList>>,
+        options: PluginOptions,
     ) -> Result<PluginServer, PluginError> {
+        let PluginOptions { health, observer } = options;
+        let observer = observer.unwrap_or_else(|| Arc::new(NoObserver));
         crate::config::validate_driver_name(driver)
             .map_err(|reason| PluginError::InvalidDriverName { name: driver.to_string(), reason })?;
         let dra_path = absolute(&paths.dra_socket(driver))?;
@@ -100,7 +123,7 @@ impl PluginServer {
         socket::prepare_dir(&paths.plugin_dir(driver), true)?;
         let dra_socket = socket::bind(&dra_path)?;
         let inflight = InFlight::new();
-        let calls = DraCalls::new(handler, Arc::clone(&inflight));
+        let calls = DraCalls::new(handler, Arc::clone(&inflight), Arc::clone(&observer));
         let (stopping, stopping_rx) = watch::channel(false);
         let serves_health = health.is_some();
         let health = health.map(|source| DraResourceHealthServer::new(HealthService::new(source, stopping_rx)));
@@ -129,7 +152,7 @@ impl PluginServer {
                 return Err(e);
             }
         };
-        let service = RegistrationService::new(driver.to_string(), endpoint, serves_health, state_tx);
+        let service = RegistrationService::new(driver.to_string(), endpoint, serves_health, state_tx, observer);
         let reg_router = Server::builder().add_service(RegistrationServer::new(service));
         let reg = serve("registration", reg_socket, move |incoming, stop| async move {
             reg_router.serve_with_incoming_shutdown(incoming, stop).await

@@ -1,9 +1,14 @@
-//! Logging setup: human-readable or JSON lines on stderr, filtered by `log.level`.
+//! Logging, metrics and health checks.
 //!
-//! Structured fields (`claim.uid`, `device`, `pool`) carry the context; secrets never do:
-//! types that hold tokens, keys or certificates redact themselves in `Debug`.
-//! [`sdnotify`] speaks systemd's notification protocol (ready, stopping, watchdog).
+//! This file sets up logging: human-readable or JSON lines on stderr, filtered by
+//! `log.level`. Structured fields (`claim.uid`, `device`, `pool`) carry the context;
+//! secrets never do: types that hold tokens, keys or certificates redact themselves in
+//! `Debug`. [`metrics`] holds the Prometheus registry, [`http`] serves it with `/healthz`
+//! and `/readyz` on `metrics.address`; [`sdnotify`] speaks systemd's notification protocol
+//! (ready, stopping, watchdog).
 
+pub mod http;
+pub mod metrics;
 pub mod sdnotify;
 
 use tracing_subscriber::EnvFilter;

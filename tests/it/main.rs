@@ -8,6 +8,7 @@ mod hook;
 mod inventory_nvml;
 mod kube_client;
 mod manifests;
+mod metrics;
 mod packaging;
 mod plugin_grpc;
 mod support;

@@ -1,0 +1,237 @@
+//! The HTTP endpoint for Prometheus and health checks: `GET /metrics`, `/healthz`, `/readyz`.
+//!
+//! [`MetricsListener::bind`] binds the configured address at start (so a taken port stops
+//! edra at once, naming the key to change); [`MetricsListener::serve`] answers on it until
+//! shutdown, then lets open connections finish briefly and closes the rest. Plain HTTP/1.1
+//! and HTTP/2 via hyper; nothing served here is secret: counts, states and error
+//! messages that are also logged.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, info, warn};
+
+use super::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
+use crate::plugin::RegistrationState;
+use crate::publish::reconcile::PublishStatus;
+
+/// How long open connections may finish after shutdown.
+const DRAIN: Duration = Duration::from_secs(1);
+/// How long a client may take to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more are closed on accept (scrapers need one or two).
+const MAX_CONNECTIONS: usize = 64;
+/// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// Why the endpoint could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// Another process already listens on the address.
+    #[error(
+        "cannot serve metrics on {address}: the address is already in use; set metrics.address to a free port, or \"\" to disable metrics"
+    )]
+    AddressInUse {
+        /// The configured address.
+        address: SocketAddr,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Binding failed otherwise (no such local address, permission).
+    #[error(
+        "cannot serve metrics on {address}; set metrics.address to a local address and port, or \"\" to disable metrics"
+    )]
+    Bind {
+        /// The configured address.
+        address: SocketAddr,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What `/readyz` checks: registered with the kubelet and slices in sync.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    /// The kubelet's verdict on the registration.
+    pub registration: watch::Receiver<RegistrationState>,
+    /// The publisher's status.
+    pub publish: watch::Receiver<PublishStatus>,
+}
+
+impl Readiness {
+    /// `Ok` when ready, else why not, in a few words.
+    pub fn check(&self) -> Result<(), String> {
+        match &*self.registration.borrow() {
+            RegistrationState::Registered => {}
+            RegistrationState::Unknown => return Err("not registered with the kubelet".into()),
+            RegistrationState::Refused(reason) => {
+                return Err(format!("not registered with the kubelet: refused: {reason}"));
+            }
+        }
+        let publish = self.publish.borrow();
+        match (&publish.last_error, publish.in_sync) {
+            (_, true) => Ok(()),
+            (Some(error), false) => Err(format!("slices not published: {error}")),
+            (None, false) => Err("slices not published yet".into()),
+        }
+    }
+}
+
+/// What the endpoint serves.
+#[derive(Debug)]
+pub struct Endpoints {
+    /// Encoded for `/metrics`.
+    pub metrics: Metrics,
+    /// Checked for `/readyz`.
+    pub readiness: Readiness,
+}
+
+impl Endpoints {
+    /// The answer to one request.
+    pub fn respond<B>(&self, req: &Request<B>) -> Response<Full<Bytes>> {
+        let path = req.uri().path();
+        if !matches!(path, "/metrics" | "/healthz" | "/readyz") {
+            return text(StatusCode::NOT_FOUND, "not found; edra serves /metrics, /healthz and /readyz\n".into());
+        }
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            let mut res = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD are allowed\n".into());
+            res.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+            return res;
+        }
+        match path {
+            "/metrics" => match self.metrics.encode() {
+                Ok(body) => {
+                    let mut res = Response::new(Full::new(Bytes::from(body)));
+                    let ct = header::HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE);
+                    res.headers_mut().insert(header::CONTENT_TYPE, ct);
+                    res
+                }
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the metrics failed: {e}\n")),
+            },
+            "/healthz" => text(StatusCode::OK, "ok\n".into()),
+            _ => match self.readiness.check() {
+                Ok(()) => text(StatusCode::OK, "ok\n".into()),
+                Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+            },
+        }
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from(body)));
+    *res.status_mut() = status;
+    res.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(TEXT));
+    res
+}
+
+/// The bound metrics address, not yet served.
+#[derive(Debug)]
+pub struct MetricsListener {
+    listener: TcpListener,
+    address: SocketAddr,
+}
+
+impl MetricsListener {
+    /// Binds `address`. Must be called from within a Tokio runtime.
+    pub fn bind(address: SocketAddr) -> Result<Self, HttpError> {
+        let bound = std::net::TcpListener::bind(address)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .and_then(TcpListener::from_std);
+        let listener = bound.map_err(|source| {
+            if source.kind() == io::ErrorKind::AddrInUse {
+                HttpError::AddressInUse { address, source }
+            } else {
+                HttpError::Bind { address, source }
+            }
+        })?;
+        let address = listener.local_addr().map_err(|source| HttpError::Bind { address, source })?;
+        Ok(MetricsListener { listener, address })
+    }
+
+    /// The address actually bound (the real port when port 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Serves `endpoints` until `shutdown` turns true; the task ends once the open
+    /// connections are done (or closed after a short drain).
+    pub fn serve(self, endpoints: Endpoints, shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
+        info!(address = %self.address, "serving /metrics, /healthz and /readyz");
+        tokio::spawn(accept_loop(self.listener, Arc::new(endpoints), shutdown))
+    }
+}
+
+async fn accept_loop(listener: TcpListener, endpoints: Arc<Endpoints>, mut shutdown: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = stopped(&mut shutdown) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) if connections.len() >= MAX_CONNECTIONS => {
+                    warn!(%peer, limit = MAX_CONNECTIONS, "too many metrics connections; closing a new one");
+                    drop(stream);
+                }
+                Ok((stream, peer)) => {
+                    debug!(%peer, "metrics connection");
+                    connections.spawn(connection(stream, Arc::clone(&endpoints), shutdown.clone()));
+                }
+                Err(e) => {
+                    warn!(error = %e, "accepting a metrics connection failed");
+                    tokio::time::sleep(ACCEPT_PAUSE).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(DRAIN, async { while connections.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        debug!(open = connections.len(), "closing metrics connections still open");
+        connections.shutdown().await;
+    }
+    debug!("metrics endpoint stopped");
+}
+
+async fn connection(stream: TcpStream, endpoints: Arc<Endpoints>, mut shutdown: watch::Receiver<bool>) {
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let res = endpoints.respond(&req);
+        async move { Ok::<_, Infallible>(res) }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stopped(&mut shutdown) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        debug!(error = %e, "metrics connection ended with an error");
+    }
+}
+
+/// Resolves once `shutdown` is true (or its sender is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;
