@@ -94,6 +94,9 @@ pub struct Paths {
     pub state_dir: PathBuf,
     /// Root under which the NVIDIA driver's files are found (`/` on most hosts).
     pub driver_root: PathBuf,
+    /// Where `driver_root` is on the host, when edra runs in a container that mounts it
+    /// elsewhere; CDI specs name host paths. Default: `driver_root` itself.
+    pub host_driver_root: Option<PathBuf>,
     /// The device filesystem.
     pub dev_root: PathBuf,
     /// procfs.
@@ -408,6 +411,7 @@ impl Config {
             cdi_hook_binary: r.opt("cdi.hook_binary", abs_path),
             state_dir: r.get("paths.state_dir", "/var/lib/edra".into(), abs_path),
             driver_root: r.get("paths.driver_root", "/".into(), abs_path),
+            host_driver_root: r.opt("paths.host_driver_root", abs_path),
             dev_root: r.get("paths.dev_root", "/dev".into(), abs_path),
             proc_root: r.get("paths.proc_root", "/proc".into(), abs_path),
             sys_root: r.get("paths.sys_root", "/sys".into(), abs_path),

@@ -146,6 +146,9 @@ pub struct SpecLayout<'a> {
     pub dev_root: &'a Path,
     /// The edra binary, run as the createContainer hook.
     pub hook_binary: &'a Path,
+    /// Where the driver root is on the host, when edra sees it somewhere else (edra in a
+    /// container with the host's `/` mounted at its driver root); `None`: the same place.
+    pub host_driver_root: Option<&'a Path>,
 }
 
 /// The kind `vendor/class`.
@@ -214,9 +217,15 @@ pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files
             Err(_) => p.display().to_string(),
         }
     };
+    let on_host = |p: &Path| -> String {
+        match (layout.host_driver_root, p.strip_prefix(&files.root)) {
+            (Some(host_root), Ok(rel)) => host_root.join(rel).display().to_string(),
+            _ => p.display().to_string(),
+        }
+    };
     for host in files.libraries.iter().chain(&files.binaries).chain(&files.firmware) {
         common.mounts.push(Mount {
-            host_path: host.display().to_string(),
+            host_path: on_host(host),
             container_path: strip(host),
             options: DRIVER_MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect(),
             mount_type: None,
@@ -224,7 +233,7 @@ pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files
     }
     for host in &files.ipc_sockets {
         common.mounts.push(Mount {
-            host_path: host.display().to_string(),
+            host_path: on_host(host),
             container_path: strip(host),
             options: IPC_MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect(),
             mount_type: None,

@@ -78,6 +78,8 @@ pub struct PrepareSettings {
     pub cdi_dir: PathBuf,
     /// Root of the NVIDIA driver's files.
     pub driver_root: PathBuf,
+    /// Where the driver root is on the host when edra sees it elsewhere.
+    pub host_driver_root: Option<PathBuf>,
     /// The device filesystem.
     pub dev_root: PathBuf,
     /// procfs (for the boot ID).
@@ -94,6 +96,7 @@ impl PrepareSettings {
             node: config.node_name.clone(),
             cdi_dir: config.paths.cdi_dynamic_dir.clone(),
             driver_root: config.paths.driver_root.clone(),
+            host_driver_root: config.paths.host_driver_root.clone(),
             dev_root: config.paths.dev_root.clone(),
             proc_root: config.paths.proc_root.clone(),
             hook_binary,
@@ -282,7 +285,12 @@ impl Preparer {
         let files =
             self.inner.driver_files.get(&s.driver_root, inventory.driver_version.as_deref().unwrap_or_default());
         let vendor = s.cdi_vendor();
-        let layout = cdi::SpecLayout { vendor: &vendor, dev_root: &s.dev_root, hook_binary: &s.hook_binary };
+        let layout = cdi::SpecLayout {
+            vendor: &vendor,
+            dev_root: &s.dev_root,
+            hook_binary: &s.hook_binary,
+            host_driver_root: s.host_driver_root.as_deref(),
+        };
         let spec = cdi::build_spec(&layout, &record.uid, &devices, &files);
         let problems = cdi_validate::validate(&spec);
         if problems.is_empty() { Ok(spec) } else { Err(PrepareError::InvalidSpec { problems }) }

@@ -105,6 +105,7 @@ impl Fixture {
             node: NODE.into(),
             cdi_dir: root.join("run/cdi"),
             driver_root: drv,
+            host_driver_root: None,
             dev_root: dev,
             proc_root: root.join("proc"),
             hook_binary: "/usr/bin/edra".into(),

@@ -102,8 +102,12 @@ async fn generated_spec_has_the_expected_edits_and_passes_validator_and_schema()
 #[test]
 fn specs_on_a_real_dev_root_need_no_host_path() {
     let device = Device { device_nodes: vec!["/dev/nvidia3".into()], ..gpu(3, Path::new("/dev")) };
-    let layout =
-        cdi::SpecLayout { vendor: VENDOR, dev_root: Path::new("/dev"), hook_binary: Path::new("/usr/bin/edra") };
+    let layout = cdi::SpecLayout {
+        vendor: VENDOR,
+        dev_root: Path::new("/dev"),
+        hook_binary: Path::new("/usr/bin/edra"),
+        host_driver_root: None,
+    };
     let files = driver_files::DriverFiles::default();
     let spec = cdi::build_spec(&layout, UID1, &[&device], &files);
     let node = &spec.devices[0].container_edits.device_nodes[0];
@@ -250,8 +254,12 @@ fn driver_files_are_found_once_per_folder_and_cached() {
     assert_eq!(files.libraries, [root.join(format!("usr/lib/libcuda.so.{VERSION}"))]);
     assert_eq!(files.library_dirs, [root.join("usr/lib")]);
     assert_eq!(files.ipc_sockets, [root.join("var/run/nvidia-persistenced/socket")], "only real sockets");
-    let layout =
-        cdi::SpecLayout { vendor: VENDOR, dev_root: Path::new("/dev"), hook_binary: Path::new("/usr/bin/edra") };
+    let layout = cdi::SpecLayout {
+        vendor: VENDOR,
+        dev_root: Path::new("/dev"),
+        hook_binary: Path::new("/usr/bin/edra"),
+        host_driver_root: None,
+    };
     let spec = cdi::build_spec(&layout, UID1, &[&gpu(0, Path::new("/dev"))], &files);
     let ipc =
         spec.container_edits.mounts.iter().find(|m| m.container_path == "/var/run/nvidia-persistenced/socket").unwrap();
@@ -262,4 +270,28 @@ fn driver_files_are_found_once_per_folder_and_cached() {
     touch(&root.join(format!("usr/lib/libnvidia-ml.so.{VERSION}")));
     assert!(Arc::ptr_eq(&a, &cache.get(root, VERSION)), "cached per version");
     assert_eq!(cache.get(root, "999.1").libraries.len(), 0);
+}
+
+#[test]
+fn a_driver_root_seen_elsewhere_is_named_by_its_host_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    touch(&root.join(format!("usr/lib/libcuda.so.{VERSION}")));
+    let files = driver_files::discover(root, VERSION);
+    let layout = |host: Option<&'static Path>| cdi::SpecLayout {
+        vendor: VENDOR,
+        dev_root: Path::new("/dev"),
+        hook_binary: Path::new("/usr/bin/edra"),
+        host_driver_root: host,
+    };
+    let lib = format!("/usr/lib/libcuda.so.{VERSION}");
+    let mount = |spec: &Spec| spec.container_edits.mounts.iter().find(|m| m.container_path == lib).unwrap().clone();
+    let same = cdi::build_spec(&layout(None), UID1, &[&gpu(0, Path::new("/dev"))], &files);
+    assert_eq!(mount(&same).host_path, root.join(&lib[1..]).display().to_string());
+    let host = cdi::build_spec(&layout(Some(Path::new("/"))), UID1, &[&gpu(0, Path::new("/dev"))], &files);
+    assert_eq!(mount(&host).host_path, lib, "edra sees the host's / at its driver root");
+    let moved =
+        cdi::build_spec(&layout(Some(Path::new("/run/nvidia/driver"))), UID1, &[&gpu(0, Path::new("/dev"))], &files);
+    assert_eq!(mount(&moved).host_path, format!("/run/nvidia/driver{lib}"));
+    assert_eq!(mount(&moved).container_path, lib);
 }

@@ -44,6 +44,7 @@ fn config(dir: &Path, kubeconfig: &Path, metrics: SocketAddr) -> Config {
         cdi_hook_binary: None,
         state_dir: dir.join("state"),
         driver_root: dir.join("driver"),
+        host_driver_root: None,
         dev_root: dir.join("dev"),
         proc_root: dir.join("proc"),
         sys_root: dir.join("sys"),

@@ -132,6 +132,7 @@ impl Dirs {
             cdi_hook_binary: None,
             state_dir: base.join("state"),
             driver_root: base.join("driver"),
+            host_driver_root: None,
             dev_root: base.join("dev"),
             proc_root: base.join("proc"),
             sys_root: base.join("sys"),
