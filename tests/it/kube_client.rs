@@ -238,7 +238,7 @@ async fn watcher_recovers_from_a_server_restart() {
     assert!(matches!(next(&mut w).await, Event::Restarted(v) if v.is_empty()));
     env.server.create_slice(serde_json::to_value(slice("a", "n1")).unwrap());
     assert!(matches!(next(&mut w).await, Event::Applied(_)));
-    env.server.stop();
+    env.server.stop().await;
     env.server.create_slice(serde_json::to_value(slice("b", "n1")).unwrap());
     // `stop` aborts the accept task; its listener closes when the runtime next polls it.
     let mut restarted = env.server.restart();
