@@ -253,7 +253,7 @@ pub fn registration(cfg: &Config) -> CheckResult {
         (false, false) => CheckResult::new(
             NAME,
             Status::Warn,
-            format!("no edra sockets ({} , {}): edra is not running", dra.display(), reg.display()),
+            format!("no edra sockets ({}, {}): edra is not running", dra.display(), reg.display()),
             "start edra (systemctl start edra); the kubelet registers it within seconds",
         ),
         (true, false) | (false, true) => {
