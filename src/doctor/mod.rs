@@ -12,13 +12,13 @@
 
 pub mod cluster;
 pub mod host;
+mod render;
 pub mod runtime;
 pub mod state;
 
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::json;
 
 use crate::config::Config;
 
@@ -64,8 +64,9 @@ pub struct CheckResult {
 }
 
 impl CheckResult {
+    /// A result; multi-line texts (e.g. an error listing what was tried) become one line.
     pub fn new(name: &'static str, status: Status, detail: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self { name, status, detail: detail.into(), fix: fix.into() }
+        Self { name, status, detail: render::one_line(&detail.into()), fix: render::one_line(&fix.into()) }
     }
     pub fn pass(name: &'static str, detail: impl Into<String>) -> Self {
         Self::new(name, Status::Pass, detail, "")
@@ -108,62 +109,9 @@ impl Report {
         self.checks.iter().find(|c| c.name == name)
     }
 
-    /// `{"checks": [...], "summary": {"pass", "warn", "fail", "skip", "worst", "exit_code"}}`.
-    pub fn to_json(&self) -> serde_json::Value {
-        let count = |s: Status| self.checks.iter().filter(|c| c.status == s).count();
-        json!({
-            "checks": self.checks,
-            "summary": {
-                "pass": count(Status::Pass),
-                "warn": count(Status::Warn),
-                "fail": count(Status::Fail),
-                "skip": count(Status::Skip),
-                "worst": self.worst(),
-                "exit_code": self.exit_code(),
-            },
-        })
-    }
-
-    /// A table with the columns STATUS, CHECK, DETAIL and FIX, and a summary line.
-    pub fn to_table(&self) -> String {
-        let headers = ["STATUS", "CHECK", "DETAIL", "FIX"];
-        let rows: Vec<[String; 4]> = self
-            .checks
-            .iter()
-            .map(|c| [c.status.as_str().to_uppercase(), c.name.to_string(), c.detail.clone(), c.fix.clone()])
-            .collect();
-        let mut widths = headers.map(str::len);
-        for row in &rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
-        let mut out = String::new();
-        let mut line = |cells: [&str; 4]| {
-            let mut l = String::new();
-            for (i, cell) in cells.iter().enumerate() {
-                if i == 3 {
-                    l.push_str(cell);
-                } else {
-                    l.push_str(&format!("{cell:<w$}  ", w = widths[i]));
-                }
-            }
-            out.push_str(l.trim_end());
-            out.push('\n');
-        };
-        line(headers);
-        for row in &rows {
-            line([&row[0], &row[1], &row[2], &row[3]]);
-        }
-        let count = |s: Status| self.checks.iter().filter(|c| c.status == s).count();
-        out.push_str(&format!(
-            "\n{} passed, {} warnings, {} failed, {} skipped\n",
-            count(Status::Pass),
-            count(Status::Warn),
-            count(Status::Fail),
-            count(Status::Skip)
-        ));
-        out
+    /// How many checks ended with `status`.
+    pub fn count(&self, status: Status) -> usize {
+        self.checks.iter().filter(|c| c.status == status).count()
     }
 }
 
@@ -265,30 +213,5 @@ mod tests {
         r.checks.push(CheckResult::new("api-server", Status::Fail, "connection refused", "start it"));
         assert_eq!((r.worst(), r.exit_code()), (Status::Fail, 1));
         assert_eq!(Report::default().exit_code(), 0);
-    }
-
-    #[test]
-    fn json_has_checks_and_summary() {
-        let v = report().to_json();
-        assert_eq!(v["checks"][1]["name"], "state");
-        assert_eq!(v["checks"][1]["status"], "warn");
-        assert_eq!(v["checks"][1]["fix"], "chmod 700 /var/lib/edra");
-        assert_eq!(v["summary"]["pass"], 1);
-        assert_eq!(v["summary"]["warn"], 1);
-        assert_eq!(v["summary"]["worst"], "warn");
-        assert_eq!(v["summary"]["exit_code"], 0);
-    }
-
-    #[test]
-    fn table_aligns_columns() {
-        let t = report().to_table();
-        let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].starts_with("STATUS  CHECK    DETAIL"), "{t}");
-        assert!(lines[1].starts_with("PASS    backend  NVML 550.54.15, 2 GPUs"), "{t}");
-        assert!(
-            lines[2].starts_with("WARN    state    mode 0755") && lines[2].ends_with("chmod 700 /var/lib/edra"),
-            "{t}"
-        );
-        assert!(t.contains("1 passed, 1 warnings, 0 failed, 0 skipped"), "{t}");
     }
 }
