@@ -5,7 +5,8 @@
 //! configuration. Host checks ([`host`], [`runtime`], [`state`]) read the filesystem and
 //! the device backend; cluster checks ([`cluster`]) talk to the API server, each bounded by
 //! [`NETWORK_TIMEOUT`] so the doctor never hangs. Nothing here changes the node or the
-//! cluster, except that opening an idle state database takes (and releases) its lock.
+//! cluster, except that opening an idle state database takes (and releases) its lock and
+//! sets its directory's mode to 0700, as `edra run` would.
 //!
 //! Exit code ([`Report::exit_code`]): 0 when no check failed (warnings and skips allowed),
 //! 1 when at least one failed. Configuration errors exit 64 before any check runs.

@@ -2,7 +2,8 @@
 //! edra (sled holds an exclusive `flock` on its `db` file while open; the holder's pid comes
 //! from `<proc>/locks`), its schema version and number of prepared claims, and the free
 //! space on its filesystem. An idle database is opened through [`crate::state::Store`] (which
-//! takes and releases the lock); a database in use is never opened.
+//! takes and releases the lock, and sets the directory's mode to 0700 after the mode was
+//! reported); a database in use is never opened.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
