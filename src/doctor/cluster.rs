@@ -45,10 +45,16 @@ pub fn enable_dra_hint(git_version: &str) -> String {
              kube-controller-manager-arg, kube-scheduler-arg and kubelet-arg in /etc/rancher/k3s/config.yaml, on agents too)"
         )
     };
+    // k3s #14286: some releases dropped feature gates given in config.yaml.
+    let k3s = if git_version.contains("+k3s") {
+        "; if they are set and DRA is still off, upgrade to the newest k3s patch release (k3s #14286 dropped such gates)"
+    } else {
+        ""
+    };
     match minor {
         Some(m) if m < 32 => "upgrade to Kubernetes 1.32 or later (1.34+ has DRA on by default)".into(),
-        Some(32) => gates("resource.k8s.io/v1beta1=true"),
-        Some(33) => gates("resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"),
+        Some(32) => gates("resource.k8s.io/v1beta1=true") + k3s,
+        Some(33) => gates("resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true") + k3s,
         Some(_) => "DRA is on by default since 1.34: check that kube-apiserver's --runtime-config does not disable \
                     resource.k8s.io/v1"
             .into(),

@@ -92,6 +92,8 @@ fn dra_hints_per_version() {
     assert!(enable_dra_hint("v1.32.5+k3s1").contains("resource.k8s.io/v1beta1=true"));
     assert!(enable_dra_hint("v1.33.1").contains("resource.k8s.io/v1beta2=true"));
     assert!(enable_dra_hint("v1.33.1").contains("/etc/rancher/k3s/config.yaml"));
+    assert!(enable_dra_hint("v1.33.1+k3s1").contains("#14286"));
+    assert!(!enable_dra_hint("v1.33.1").contains("#14286"));
     assert!(enable_dra_hint("v1.35.0").contains("on by default"));
     assert!(enable_dra_hint("v1.30.2").contains("upgrade"));
 }
