@@ -210,3 +210,21 @@ async fn without_a_cluster_it_fails_fast_and_still_checks_the_node() {
     let out = node.doctor(&node.config(&kubeconfig), &["--set", "backend=bogus"]).await;
     assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[tokio::test]
+async fn a_service_account_missing_a_verb_gets_the_cluster_role_fix() {
+    let server = TestApiServer::start(Options::default()).await.expect("start the test API server");
+    let user = "system:serviceaccount:edra:edra";
+    server.forbid(user, "delete", "resourceslices");
+    let node = Node::new();
+    let kubeconfig =
+        server.write_kubeconfig(node.dir.path(), &Identity::token("sa-token", user, &[])).expect("kubeconfig");
+    let out = node.doctor(&node.config(&kubeconfig), &["--output", "json"]).await;
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(1), "{r:#}");
+    let perms = check(&r, "api-permissions");
+    assert_eq!(perms["status"], "fail", "{perms}");
+    let detail = text(perms, "detail");
+    assert!(detail.contains("delete resourceslices.resource.k8s.io") && !detail.contains("create"), "{detail}");
+    assert!(text(perms, "fix").contains(&format!("bind {user} to a ClusterRole")), "{perms}");
+}
