@@ -192,8 +192,24 @@ pub fn kubelet_dirs(paths: &Paths) -> CheckResult {
     )
 }
 
+/// The claim UIDs of edra's spec files (`k8s.<driver>-claim_<uid>.json`) in `dir`, sorted.
+pub fn edra_spec_uids(dir: &Path, driver: &str) -> Vec<String> {
+    let vendor = format!("k8s.{driver}");
+    let mut uids: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            crate::prepare::cdi::uid_from_file_name(&vendor, &name).map(str::to_string)
+        })
+        .collect();
+    uids.sort();
+    uids
+}
+
 /// Check 4: edra's CDI directory is (or can be made) writable; the other spec dirs exist.
-pub fn cdi_dirs(paths: &Paths) -> CheckResult {
+pub fn cdi_dirs(paths: &Paths, driver: &str) -> CheckResult {
     const NAME: &str = "cdi-dirs";
     let dynamic = &paths.cdi_dynamic_dir;
     let dynamic_note = if dynamic.is_dir() {
@@ -205,7 +221,7 @@ pub fn cdi_dirs(paths: &Paths) -> CheckResult {
                 "run edra as root, or set cdi.dynamic_dir to a directory the runtime reads and edra may write",
             );
         }
-        format!("{} is writable", dynamic.display())
+        format!("{} is writable ({} edra claim specs)", dynamic.display(), edra_spec_uids(dynamic, driver).len())
     } else if dynamic.exists() {
         return CheckResult::new(
             NAME,

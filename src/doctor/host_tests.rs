@@ -114,21 +114,26 @@ fn kubelet_registry_dir_missing_asks_whether_the_kubelet_runs() {
 fn cdi_dynamic_dir_may_be_created_and_missing_spec_dirs_warn() {
     let d = tempfile::tempdir().unwrap();
     let cfg = test_config(d.path(), &[]);
-    let r = cdi_dirs(&cfg.paths);
+    let r = cdi_dirs(&cfg.paths, "gpu.edra.dev");
     assert_eq!(r.status, Status::Warn, "{r:?}");
     assert!(r.detail.contains("will be created") && r.detail.contains("etc/cdi"), "{}", r.detail);
     mkdirs(d.path(), &["etc/cdi", "run/cdi"]);
-    let r = cdi_dirs(&cfg.paths);
+    let r = cdi_dirs(&cfg.paths, "gpu.edra.dev");
     assert_eq!(r.status, Status::Pass, "{r:?}");
-    assert!(r.detail.contains("is writable"), "{}", r.detail);
-    std::fs::remove_dir(d.path().join("run/cdi")).unwrap();
+    assert!(r.detail.contains("is writable (0 edra claim specs)"), "{}", r.detail);
+    let uid = "0b4f3a1e-8d2c-4e5f-9a6b-7c8d9e0f1a2b";
+    std::fs::write(d.path().join(format!("run/cdi/k8s.gpu.edra.dev-claim_{uid}.json")), b"{}").unwrap();
+    std::fs::write(d.path().join("run/cdi/nvidia.json"), b"{}").unwrap();
+    assert_eq!(edra_spec_uids(&d.path().join("run/cdi"), "gpu.edra.dev"), [uid]);
+    assert!(cdi_dirs(&cfg.paths, "gpu.edra.dev").detail.contains("(1 edra claim specs)"));
+    std::fs::remove_dir_all(d.path().join("run/cdi")).unwrap();
     std::fs::write(d.path().join("run/cdi"), b"").unwrap();
-    assert_eq!(cdi_dirs(&cfg.paths).status, Status::Fail);
+    assert_eq!(cdi_dirs(&cfg.paths, "gpu.edra.dev").status, Status::Fail);
     if !is_root() {
         std::fs::remove_file(d.path().join("run/cdi")).unwrap();
         mkdirs(d.path(), &["run/cdi"]);
         std::fs::set_permissions(d.path().join("run/cdi"), std::fs::Permissions::from_mode(0o555)).unwrap();
-        let r = cdi_dirs(&cfg.paths);
+        let r = cdi_dirs(&cfg.paths, "gpu.edra.dev");
         assert_eq!(r.status, Status::Fail);
         assert!(r.detail.contains("not writable"), "{}", r.detail);
     }

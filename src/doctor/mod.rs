@@ -123,10 +123,11 @@ pub async fn run(cfg: &Config) -> Report {
     checks.push(backend);
     checks.push(host::device_nodes(cfg, discovered.as_ref()));
     checks.push(host::kubelet_dirs(&cfg.paths));
-    checks.push(host::cdi_dirs(&cfg.paths));
+    checks.push(host::cdi_dirs(&cfg.paths, &cfg.driver_name));
     checks.push(runtime::container_runtime(&cfg.runtime, &cfg.paths.cdi_dynamic_dir));
     checks.extend(cluster::checks(cfg).await);
-    checks.push(state::state_dir(&cfg.paths.state_dir, &cfg.paths.proc_root));
+    let specs = host::edra_spec_uids(&cfg.paths.cdi_dynamic_dir, &cfg.driver_name);
+    checks.push(state::state_dir(&cfg.paths.state_dir, &cfg.paths.proc_root, &specs));
     checks.push(host::registration(cfg));
     Report { checks }
 }

@@ -89,8 +89,9 @@ fn human(bytes: u64) -> String {
     if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
-/// Check 8: the state directory at `dir`.
-pub fn state_dir(dir: &Path, proc_root: &Path) -> CheckResult {
+/// Check 8: the state directory at `dir`; `spec_uids` are the claims of edra's CDI spec
+/// files, compared with the prepared claims when the database can be read.
+pub fn state_dir(dir: &Path, proc_root: &Path, spec_uids: &[String]) -> CheckResult {
     let shown = dir.display();
     let mut status = Status::Pass;
     let mut notes: Vec<String> = Vec::new();
@@ -141,7 +142,15 @@ pub fn state_dir(dir: &Path, proc_root: &Path) -> CheckResult {
                     Ok(store) => {
                         let schema = store.schema_version().map(|v| v.to_string()).unwrap_or_else(|_| "unknown".into());
                         match store.claims() {
-                            Ok(c) => notes.push(format!("schema {schema}, {} prepared claims", c.len())),
+                            Ok(c) => {
+                                notes.push(format!("schema {schema}, {} prepared claims", c.len()));
+                                let orphans = spec_uids.iter().filter(|u| !c.iter().any(|r| &r.uid == *u)).count();
+                                if orphans > 0 {
+                                    status = status.max(Status::Warn);
+                                    notes.push(format!("{orphans} CDI spec files of claims edra does not record"));
+                                    fixes.push("edra removes orphaned spec files at start: restart it".into());
+                                }
+                            }
                             Err(e) => {
                                 status = status.max(Status::Warn);
                                 notes.push(format!("schema {schema}; {}", crate::app::error_chain(&e)));

@@ -9,7 +9,7 @@ use super::*;
 #[test]
 fn missing_dir_under_a_writable_parent_passes() {
     let d = tempfile::tempdir().unwrap();
-    let r = state_dir(&d.path().join("state"), Path::new("/proc"));
+    let r = state_dir(&d.path().join("state"), Path::new("/proc"), &[]);
     assert_eq!(r.status, Status::Pass, "{r:?}");
     assert!(r.detail.contains("does not exist yet") && r.detail.contains("free"), "{}", r.detail);
     assert!(!d.path().join("state").exists(), "the doctor must not create it");
@@ -20,12 +20,12 @@ fn open_mode_warns_and_an_idle_database_is_read() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("state");
     drop(Store::open(&dir).unwrap());
-    let r = state_dir(&dir, Path::new("/proc"));
+    let r = state_dir(&dir, Path::new("/proc"), &[]);
     assert_eq!(r.status, Status::Pass, "{r:?}");
     assert!(r.detail.contains("mode 0700") && r.detail.contains("0 prepared claims"), "{}", r.detail);
     assert!(r.detail.contains(&format!("schema {}", crate::state::SCHEMA_VERSION)), "{}", r.detail);
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let r = state_dir(&dir, Path::new("/proc"));
+    let r = state_dir(&dir, Path::new("/proc"), &[]);
     assert_eq!(r.status, Status::Warn);
     assert!(r.detail.contains("mode 0755") && r.fix.contains("chmod 700"), "{r:?}");
 }
@@ -35,7 +35,7 @@ fn database_in_use_is_reported_with_the_pid_and_not_opened() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("state");
     let running = Store::open(&dir).unwrap();
-    let r = state_dir(&dir, Path::new("/proc"));
+    let r = state_dir(&dir, Path::new("/proc"), &[]);
     assert_eq!(r.status, Status::Pass, "{r:?}");
     assert!(r.detail.contains("in use by a running edra"), "{}", r.detail);
     assert!(r.detail.contains(&format!("pid {}", std::process::id())), "{}", r.detail);
@@ -47,11 +47,22 @@ fn database_in_use_is_reported_with_the_pid_and_not_opened() {
 }
 
 #[test]
+fn spec_files_without_a_claim_record_warn() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("state");
+    drop(Store::open(&dir).unwrap());
+    let r = state_dir(&dir, Path::new("/proc"), &["uid-1".to_string()]);
+    assert_eq!(r.status, Status::Warn, "{r:?}");
+    assert!(r.detail.contains("1 CDI spec files of claims edra does not record"), "{}", r.detail);
+    assert!(r.fix.contains("restart"), "{}", r.fix);
+}
+
+#[test]
 fn not_a_directory_fails() {
     let d = tempfile::tempdir().unwrap();
     let f = d.path().join("state");
     std::fs::write(&f, b"").unwrap();
-    assert_eq!(state_dir(&f, Path::new("/proc")).status, Status::Fail);
+    assert_eq!(state_dir(&f, Path::new("/proc"), &[]).status, Status::Fail);
 }
 
 #[test]
