@@ -56,6 +56,11 @@ pub enum Command {
     Run(RunArgs),
     /// Show the devices found and the ResourceSlices edra would publish (no cluster needed).
     Inventory(InventoryArgs),
+    /// Check this node and its cluster for what edra needs, and say what to fix.
+    ///
+    /// Exit code: 0 when no check failed (warnings allowed), 1 when a check failed,
+    /// 64 for an invalid configuration.
+    Doctor(DoctorArgs),
     /// Print the version and build details.
     Version,
     /// OCI hooks run by container runtimes through edra's CDI specs.
@@ -129,6 +134,26 @@ pub struct InventoryArgs {
     /// Output format [default: table on a terminal, json otherwise].
     #[arg(long, short = 'o', value_enum, value_name = "FORMAT")]
     pub output: Option<OutputArg>,
+}
+
+/// Options of `edra doctor`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct DoctorArgs {
+    /// Node, device and cluster selection, as for `edra run`.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Output format [default: table on a terminal, json otherwise].
+    #[arg(long, short = 'o', value_enum, value_name = "FORMAT")]
+    pub output: Option<DoctorOutputArg>,
+}
+
+/// `edra doctor --output` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DoctorOutputArg {
+    /// One line per check: status, check, detail, fix.
+    Table,
+    /// `{"checks": [{"name", "status", "detail", "fix"}], "summary": {...}}`.
+    Json,
 }
 
 /// `--output` values.
@@ -221,6 +246,7 @@ impl Cli {
         match &self.command {
             Command::Run(args) => args.overrides(&mut overrides),
             Command::Inventory(args) => args.node.overrides(&mut overrides),
+            Command::Doctor(args) => args.run.overrides(&mut overrides),
             Command::Version | Command::Hook(_) => {}
         }
         Ok(LoadContext::from_process(self.global.config.clone(), overrides))
@@ -251,6 +277,30 @@ mod tests {
         let cli = Cli::try_parse_from(["edra", "run", "--config", "/x.toml", "--log-format", "json"]).unwrap();
         assert_eq!(cli.global.config.as_deref(), Some(std::path::Path::new("/x.toml")));
         assert!(matches!(cli.global.log_format, Some(LogFormatArg::Json)));
+    }
+
+    #[test]
+    fn doctor_takes_the_run_options_and_an_output_format() {
+        let cli = Cli::try_parse_from([
+            "edra",
+            "doctor",
+            "--backend",
+            "mock",
+            "--kubeconfig",
+            "/k",
+            "--state-dir",
+            "/s",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+        let Command::Doctor(args) = &cli.command else { panic!("expected the doctor command") };
+        assert_eq!(args.output, Some(DoctorOutputArg::Json));
+        let mut o = Overrides::default();
+        args.run.overrides(&mut o);
+        for (key, value) in [("backend", "mock"), ("kubernetes.kubeconfig", "/k"), ("paths.state_dir", "/s")] {
+            assert!(o.values.iter().any(|(k, v, _)| k == key && v == value), "{key}: {:?}", o.values);
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! - [`plugin`]: the kubelet's gRPC APIs on Unix sockets (registration, DRAPlugin).
 //! - [`prepare`]: claim preparation: opaque configs, CDI specs, driver files.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
+//! - [`doctor`]: `edra doctor`, node and cluster checks that say what to fix.
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
@@ -18,6 +19,7 @@
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod doctor;
 pub mod hook;
 pub mod inventory;
 pub mod kube;

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use edra::cli::{Cli, Command, HookCommand, OutputArg};
+use edra::cli::{Cli, Command, DoctorOutputArg, HookCommand, OutputArg};
 use edra::config::Config;
 
 /// EX_USAGE from sysexits.h: the configuration or command line is wrong.
@@ -43,6 +43,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(_) => edra::app::run_blocking(config),
         Command::Inventory(args) => return inventory(&config, args.output),
+        Command::Doctor(args) => return doctor(&config, args.output),
         Command::Version | Command::Hook(_) => unreachable!("handled above"),
     };
     match result {
@@ -70,6 +71,25 @@ fn inventory(config: &Config, output: Option<OutputArg>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("edra: {}", edra::app::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `edra doctor`: table on a terminal, JSON otherwise; exit 1 when a check failed.
+fn doctor(config: &Config, output: Option<DoctorOutputArg>) -> ExitCode {
+    let stdout = std::io::stdout();
+    let json = match output {
+        Some(DoctorOutputArg::Json) => true,
+        Some(DoctorOutputArg::Table) => false,
+        None => !stdout.is_terminal(),
+    };
+    let result = edra::doctor::run_blocking(config)
+        .and_then(|report| edra::doctor::write(&report, json, &mut stdout.lock()).map(|()| report.exit_code()));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("edra doctor: {}", edra::app::error_chain(&e));
             ExitCode::FAILURE
         }
     }

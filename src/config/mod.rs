@@ -140,6 +140,19 @@ fn metrics_address(raw: &Raw) -> Result<Option<std::net::SocketAddr>, String> {
     })
 }
 
+/// Container runtime configuration files, read by `edra doctor` to tell whether CDI is on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeConfigPaths {
+    /// The containerd configuration k3s generates at every start.
+    pub k3s_containerd_config: PathBuf,
+    /// The host's containerd configuration.
+    pub containerd_config: PathBuf,
+    /// CRI-O's main configuration file.
+    pub crio_config: PathBuf,
+    /// CRI-O's drop-in directory (`*.conf`, applied in name order after the main file).
+    pub crio_config_dir: PathBuf,
+}
+
 /// NVML settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NvmlSettings {
@@ -218,6 +231,8 @@ pub struct Config {
     pub paths: Paths,
     /// NVML.
     pub nvml: NvmlSettings,
+    /// Container runtime configuration files (read by `edra doctor` only).
+    pub runtime: RuntimeConfigPaths,
     /// How often devices are rediscovered and slices re-published if they changed.
     pub rediscovery_interval: Duration,
     /// How long in-flight gRPC calls may finish after SIGTERM.
@@ -422,6 +437,16 @@ impl Config {
                 if s.is_empty() { Err("expected a library name or path".into()) } else { Ok(PathBuf::from(s)) }
             }),
         };
+        let runtime = RuntimeConfigPaths {
+            k3s_containerd_config: r.get(
+                "runtime.k3s_containerd_config",
+                "/var/lib/rancher/k3s/agent/etc/containerd/config.toml".into(),
+                abs_path,
+            ),
+            containerd_config: r.get("runtime.containerd_config", "/etc/containerd/config.toml".into(), abs_path),
+            crio_config: r.get("runtime.crio_config", "/etc/crio/crio.conf".into(), abs_path),
+            crio_config_dir: r.get("runtime.crio_config_dir", "/etc/crio/crio.conf.d".into(), abs_path),
+        };
         let rediscovery_interval = r.get("publish.rediscovery_interval", Duration::from_secs(60), positive_duration);
         let shutdown_grace = r.get("plugin.shutdown_grace", Duration::from_secs(10), duration);
         let metrics = MetricsSettings {
@@ -438,6 +463,7 @@ impl Config {
             kube,
             paths,
             nvml,
+            runtime,
             rediscovery_interval,
             shutdown_grace,
             metrics,

@@ -129,6 +129,21 @@ fn mock_mig_from_file_and_env() {
 }
 
 #[test]
+fn runtime_config_paths_default_to_the_usual_files_and_are_overridable() {
+    let cfg = Config::load(&ctx(None, &[])).unwrap();
+    assert_eq!(cfg.runtime.k3s_containerd_config, Path::new("/var/lib/rancher/k3s/agent/etc/containerd/config.toml"));
+    assert_eq!(cfg.runtime.containerd_config, Path::new("/etc/containerd/config.toml"));
+    assert_eq!(cfg.runtime.crio_config, Path::new("/etc/crio/crio.conf"));
+    assert_eq!(cfg.runtime.crio_config_dir, Path::new("/etc/crio/crio.conf.d"));
+    let f = write("[runtime]\ncontainerd_config = \"/x/containerd.toml\"\n");
+    let cfg = Config::load(&ctx(Some(f.path().into()), &[("EDRA_RUNTIME_CRIO_CONFIG_DIR", "/y")])).unwrap();
+    assert_eq!(cfg.runtime.containerd_config, Path::new("/x/containerd.toml"));
+    assert_eq!(cfg.runtime.crio_config_dir, Path::new("/y"));
+    let err = Config::load(&ctx(None, &[("EDRA_RUNTIME_CRIO_CONFIG", "relative")])).unwrap_err();
+    assert!(err[0].to_string().contains("runtime.crio_config"), "{}", err[0]);
+}
+
+#[test]
 fn names() {
     assert!(validate_driver_name("gpu.edra.dev").is_ok());
     assert!(validate_driver_name("gpu").is_err());

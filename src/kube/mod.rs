@@ -3,7 +3,8 @@
 //! ([`credentials`], [`kubeconfig`]); TLS with reloading client certificates ([`tls`]);
 //! pure request builders ([`request`]); transport with rate limit, timeouts and retries
 //! ([`client`]); the operations edra needs ([`api`]); version conversion of
-//! resource.k8s.io objects ([`convert`]); and a ResourceSlice watcher ([`watcher`]).
+//! resource.k8s.io objects ([`convert`]); a ResourceSlice watcher ([`watcher`]); and
+//! self-reviews of identity and permissions ([`review`]).
 
 pub mod api;
 pub mod backoff;
@@ -13,6 +14,7 @@ pub mod credentials;
 mod error;
 pub mod kubeconfig;
 pub mod request;
+pub mod review;
 pub mod tls;
 pub mod watcher;
 
@@ -21,6 +23,7 @@ pub use client::{Client, ClientSettings, RequestStats};
 pub use credentials::{Auth, Credentials, Pem, Secret, Sources};
 pub use error::{ApiError, Error, decode_status};
 pub use request::ResourceApi;
+pub use review::{AccessCheck, AccessDecision, SubjectInfo};
 pub use watcher::Event;
 
 #[cfg(test)]

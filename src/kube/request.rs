@@ -107,6 +107,11 @@ pub fn get(path: &str) -> Request<Bytes> {
     build(Method::GET, path.to_string(), None)
 }
 
+/// `POST path` with a JSON body (creates, reviews).
+pub fn post(path: &str, body: Vec<u8>) -> Request<Bytes> {
+    build(Method::POST, path.to_string(), Some(body))
+}
+
 pub fn get_node(name: &str) -> Request<Bytes> {
     get(&format!("/api/v1/nodes/{}", segment(name)))
 }

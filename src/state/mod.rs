@@ -267,6 +267,13 @@ impl Store {
         Ok(removed)
     }
 
+    /// The schema version stored in the database (written when it was created).
+    pub fn schema_version(&self) -> Result<u32, StateError> {
+        let v =
+            self.meta.get(META_SCHEMA).map_err(|source| StateError::Db { op: "read the schema version", source })?;
+        Ok(v.and_then(|b| std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok())).unwrap_or(SCHEMA_VERSION))
+    }
+
     /// The boot ID stored by the last start, if any.
     pub fn boot_id(&self) -> Result<Option<String>, StateError> {
         let v = self.meta.get(META_BOOT_ID).map_err(|source| StateError::Db { op: "read the boot ID", source })?;

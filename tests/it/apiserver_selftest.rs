@@ -6,6 +6,7 @@ mod auth;
 mod crud;
 mod faults;
 mod fidelity;
+mod reviews;
 mod watch;
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Request entry point: reads the body, authenticates (client certificate of the
 //! connection, else bearer token), routes the path, applies injected faults, dispatches to
-//! discovery / slice / claim / node handlers, renders Status errors and logs the request.
+//! discovery / slice / claim / node / review handlers, renders Status errors and logs the request.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -20,7 +20,7 @@ use super::faults::{self, FaultAction};
 use super::meta::with_type;
 use super::status::{ApiError, CLAIMS, NODES};
 use super::store::RequestRecord;
-use super::{Shared, UserInfo, discovery, query, slices, watch};
+use super::{Shared, UserInfo, discovery, query, reviews, slices, watch};
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -78,6 +78,8 @@ pub(crate) enum Route {
     Slices(ApiVersion),
     Slice(ApiVersion, String),
     Claim(ApiVersion, String, String),
+    AccessReview,
+    SelfReview,
     Unknown,
 }
 
@@ -91,6 +93,8 @@ impl Route {
             ["api", "v1"] => Self::CoreV1,
             ["api", "v1", "nodes", name] => Self::Node((*name).to_owned()),
             ["apis"] => Self::Apis,
+            ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] => Self::AccessReview,
+            ["apis", "authentication.k8s.io", "v1", "selfsubjectreviews"] => Self::SelfReview,
             ["apis", "resource.k8s.io"] => Self::Group,
             ["apis", "resource.k8s.io", v, rest @ ..] => match (version(v), rest) {
                 (Some(v), []) => Self::GroupVersion(v),
@@ -249,6 +253,8 @@ async fn serve(
         (Route::Slice(v, name), "patch") => slices::patch(call, *v, name),
         (Route::Claim(v, ns, name), "get") => claim_get(call, *v, ns, name),
         (Route::Node(name), "get") => node_get(call, name),
+        (Route::AccessReview, "create") => reviews::access_review(call),
+        (Route::SelfReview, "create") => reviews::self_review(call),
         (Route::Unknown, _) => Err(ApiError::path_not_found()),
         _ => Err(ApiError::method_not_allowed(method.as_str())),
     }

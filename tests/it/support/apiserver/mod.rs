@@ -13,6 +13,8 @@
 //!   (optimistic concurrency), delete (preconditions) and watch (bookmarks, timeouts,
 //!   streaming lists with `sendInitialEvents`, `410` for compacted resourceVersions);
 //!   ResourceClaim get; v1beta1 shape conversion in both directions;
+//! - `SelfSubjectReview` and `SelfSubjectAccessReview` (POST), decided by the same forbid
+//!   rules and node authorizer emulation as real requests (admission is not consulted);
 //! - a global integer resourceVersion shared by all kinds; what storage does to objects
 //!   (canonical quantities, taint `timeAdded`, no write for an identical update, `500` for a
 //!   create carrying a resourceVersion); validation of the ResourceSlice limits edra can hit
@@ -54,6 +56,7 @@ mod objects;
 mod pki;
 mod quantity;
 mod query;
+mod reviews;
 mod server;
 mod slices;
 mod status;

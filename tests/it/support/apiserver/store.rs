@@ -75,9 +75,10 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    /// Whether the request changed (or tried to change) state.
+    /// Whether the request changed (or tried to change) stored objects; reviews are
+    /// `create`s that store nothing.
     pub fn is_write(&self) -> bool {
-        matches!(self.verb, "create" | "update" | "patch" | "delete")
+        matches!(self.verb, "create" | "update" | "patch" | "delete") && !self.path.contains("selfsubject")
     }
 }
 

@@ -1,0 +1,236 @@
+//! Checks 6 and 7: the API server is reachable and serves resource.k8s.io, and edra's
+//! credentials may do what edra does (SelfSubjectAccessReview per verb). Every request is
+//! bounded by [`NETWORK_TIMEOUT`] and tried at most twice, so an unreachable cluster
+//! fails in seconds.
+
+use std::future::Future;
+
+use futures_util::future::join_all;
+
+use super::{CheckResult, NETWORK_TIMEOUT, Status};
+use crate::config::Config;
+use crate::kube::{AccessCheck, AccessDecision, Client, ClientSettings, Error, Sources, SubjectInfo};
+
+const API: &str = "api-server";
+const PERMS: &str = "api-permissions";
+
+/// A client whose every request gives up within a few seconds.
+pub fn doctor_client(cfg: &Config) -> Result<Client, Error> {
+    let env = std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    let creds = crate::kube::credentials::resolve(&Sources::from_settings(&cfg.kube, env))?;
+    let settings = ClientSettings {
+        request_timeout: cfg.kube.request_timeout.min(NETWORK_TIMEOUT),
+        max_attempts: 2,
+        retry_budget: NETWORK_TIMEOUT,
+        ..ClientSettings::from_config(&cfg.kube)
+    };
+    Client::new(creds, settings)
+}
+
+async fn bounded<T>(what: &str, f: impl Future<Output = Result<T, Error>>) -> Result<T, String> {
+    match tokio::time::timeout(NETWORK_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(crate::app::error_chain(&e)),
+        Err(_) => Err(format!("{what}: no answer within {NETWORK_TIMEOUT:?}")),
+    }
+}
+
+/// How to get resource.k8s.io served on Kubernetes `git_version`.
+pub fn enable_dra_hint(git_version: &str) -> String {
+    let minor: Option<u32> = git_version.trim_start_matches('v').split('.').nth(1).and_then(|m| m.parse().ok());
+    let gates = |versions: &str| {
+        format!(
+            "enable DRA: --feature-gates=DynamicResourceAllocation=true on kube-apiserver, kube-controller-manager, \
+             kube-scheduler and every kubelet, plus kube-apiserver --runtime-config={versions} (k3s: kube-apiserver-arg, \
+             kube-controller-manager-arg, kube-scheduler-arg and kubelet-arg in /etc/rancher/k3s/config.yaml, on agents too)"
+        )
+    };
+    // k3s #14286: some releases dropped feature gates given in config.yaml.
+    let k3s = if git_version.contains("+k3s") {
+        "; if they are set and DRA is still off, upgrade to the newest k3s patch release (k3s #14286 dropped such gates)"
+    } else {
+        ""
+    };
+    match minor {
+        Some(m) if m < 32 => "upgrade to Kubernetes 1.32 or later (1.34+ has DRA on by default)".into(),
+        Some(32) => gates("resource.k8s.io/v1beta1=true") + k3s,
+        Some(33) => gates("resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true") + k3s,
+        Some(_) => "DRA is on by default since 1.34: check that kube-apiserver's --runtime-config does not disable \
+                    resource.k8s.io/v1"
+            .into(),
+        None => "use Kubernetes 1.34+ (DRA on by default), or enable DynamicResourceAllocation and resource.k8s.io \
+                 on 1.32/1.33"
+            .into(),
+    }
+}
+
+fn unreachable_fix(err: &str, server: &str) -> String {
+    if err.contains("unauthorized") {
+        "the credentials were rejected: renew the client certificate or token (k3s re-signs it at restart)".into()
+    } else if err.contains("TLS") {
+        "check the kubeconfig's certificate-authority and the API server address".into()
+    } else {
+        format!(
+            "is the API server at {server} up and reachable from this node? check kubernetes.kubeconfig / --kubeconfig"
+        )
+    }
+}
+
+/// Check 6: reachability, version and served resource.k8s.io versions. Returns the
+/// client when the server answered.
+pub async fn api_server(cfg: &Config) -> (CheckResult, Option<Client>) {
+    let client = match doctor_client(cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            let fix = "set kubernetes.kubeconfig (--kubeconfig) or KUBECONFIG, or run on a k3s node as root";
+            return (CheckResult::new(API, Status::Fail, crate::app::error_chain(&e), fix), None);
+        }
+    };
+    let server = client.server_url().to_string();
+    let version = match bounded("GET /version", client.server_version()).await {
+        Ok(v) => v,
+        Err(e) => {
+            let fix = unreachable_fix(&e, &server);
+            return (CheckResult::new(API, Status::Fail, e, fix), None);
+        }
+    };
+    let served = match bounded("GET /apis/resource.k8s.io", client.resource_api_versions()).await {
+        Ok(v) => v,
+        Err(e) => {
+            let fix = unreachable_fix(&e, &server);
+            return (
+                CheckResult::new(API, Status::Fail, format!("Kubernetes {version} at {server}: {e}"), fix),
+                Some(client),
+            );
+        }
+    };
+    let chosen = crate::kube::ResourceApi::PREFERENCE.into_iter().find(|a| served.iter().any(|v| v == a.version()));
+    let shown = if served.is_empty() { "none".to_string() } else { served.join(", ") };
+    let result = match chosen {
+        Some(api) => CheckResult::pass(
+            API,
+            format!("Kubernetes {version} at {server}; resource.k8s.io served: {shown}; edra uses {}", api.version()),
+        ),
+        None => CheckResult::new(
+            API,
+            Status::Fail,
+            format!("Kubernetes {version} at {server} serves no resource.k8s.io version edra speaks (served: {shown})"),
+            enable_dra_hint(&version),
+        ),
+    };
+    (result, Some(client))
+}
+
+/// The actions edra performs, as access checks for node `node` and driver `driver`.
+pub fn needed_access(node: &str, driver: &str) -> Vec<AccessCheck> {
+    let g = "resource.k8s.io";
+    let selector = format!("spec.nodeName={node},spec.driver={driver}");
+    let mut v: Vec<AccessCheck> =
+        ["create", "update", "delete", "get"].iter().map(|verb| AccessCheck::new(verb, g, "resourceslices")).collect();
+    v.push(AccessCheck::new("list", g, "resourceslices").with_field_selector(&selector));
+    v.push(AccessCheck::new("watch", g, "resourceslices").with_field_selector(&selector));
+    v.push(AccessCheck::new("get", g, "resourceclaims"));
+    v.push(AccessCheck::new("get", "", "nodes").named(node));
+    v
+}
+
+/// Actions the node authorizer decides per object (edra's own slices, claims of pods on
+/// the node), so a review without an object cannot grant them to a node identity.
+fn per_object(check: &AccessCheck) -> bool {
+    matches!(
+        (check.resource.as_str(), check.verb.as_str()),
+        ("resourceslices", "get" | "update" | "delete") | ("resourceclaims", "get")
+    )
+}
+
+/// Check 7 from the reviews' answers: `who` when the server said; `node` is edra's node name.
+pub fn evaluate_permissions(
+    who: Option<&SubjectInfo>,
+    node: &str,
+    answers: &[(AccessCheck, Result<AccessDecision, String>)],
+) -> CheckResult {
+    let identity_node = who.and_then(SubjectInfo::node_name);
+    let user = who.map(|w| w.username.as_str()).unwrap_or("(unknown identity)");
+    if let Some(n) = identity_node
+        && n != node
+    {
+        return CheckResult::new(
+            PERMS,
+            Status::Fail,
+            format!("the credentials are node {n}'s ({user}) but edra's node_name is {node}"),
+            "use this node's own kubelet credentials, or set node_name (--node-name) to match",
+        );
+    }
+    let mut denied = Vec::new();
+    let mut per_object_notes = 0;
+    let mut unknown = Vec::new();
+    for (check, answer) in answers {
+        match answer {
+            Ok(d) if d.allowed => {}
+            Ok(_) if identity_node.is_some() && per_object(check) => per_object_notes += 1,
+            Ok(d) => {
+                let why = [d.reason.as_str(), d.evaluation_error.as_str()]
+                    .into_iter()
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                denied.push(if why.is_empty() { check.describe() } else { format!("{} ({why})", check.describe()) });
+            }
+            Err(e) => unknown.push(format!("{}: {e}", check.describe())),
+        }
+    }
+    if !denied.is_empty() {
+        let fix = match identity_node {
+            Some(_) => "node identities get these rights from the node authorizer: run kube-apiserver with \
+                        --authorization-mode=Node,RBAC and keep the system:node ClusterRole bindings"
+                .to_string(),
+            None => format!(
+                "bind {user} to a ClusterRole allowing resourceslices.resource.k8s.io \
+                 get/list/watch/create/update/delete, resourceclaims.resource.k8s.io get and nodes get"
+            ),
+        };
+        return CheckResult::new(PERMS, Status::Fail, format!("{user} may not: {}", denied.join("; ")), fix);
+    }
+    if !unknown.is_empty() {
+        return CheckResult::new(
+            PERMS,
+            Status::Warn,
+            format!("{user}: could not ask about {}", unknown.join("; ")),
+            "check that authorization.k8s.io/v1 SelfSubjectAccessReview is allowed for edra's identity",
+        );
+    }
+    let mut detail = format!("{user} may do all {} actions edra needs", answers.len());
+    if per_object_notes > 0 {
+        detail = format!(
+            "{user}: {} actions allowed; {per_object_notes} (get/update/delete of slices, get of claims) are decided \
+             per object by the node authorizer: edra's own slices and claims of pods on {node}",
+            answers.len() - per_object_notes
+        );
+    }
+    CheckResult::pass(PERMS, detail)
+}
+
+/// Check 7: asks the server about every action edra performs.
+pub async fn api_permissions(cfg: &Config, client: &Client) -> CheckResult {
+    let who = bounded("POST selfsubjectreviews", client.self_subject_review()).await.ok();
+    let checks = needed_access(&cfg.node_name, &cfg.driver_name);
+    let answers =
+        join_all(checks.iter().map(|c| bounded("POST selfsubjectaccessreviews", client.self_subject_access_review(c))))
+            .await;
+    let pairs: Vec<_> = checks.into_iter().zip(answers).collect();
+    evaluate_permissions(who.as_ref(), &cfg.node_name, &pairs)
+}
+
+/// Checks 6 and 7.
+pub async fn checks(cfg: &Config) -> Vec<CheckResult> {
+    let (api, client) = api_server(cfg).await;
+    let perms = match &client {
+        Some(c) => api_permissions(cfg, c).await,
+        None => CheckResult::skip(PERMS, "the API server could not be reached (see api-server)"),
+    };
+    vec![api, perms]
+}
+
+#[cfg(test)]
+#[path = "cluster_tests.rs"]
+mod tests;

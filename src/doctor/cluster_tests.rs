@@ -1,0 +1,111 @@
+//! Unit tests of the cluster checks' pure parts: the actions edra asks about, how answers
+//! become a result for node and RBAC identities, DRA enablement hints per Kubernetes
+//! version, and a bounded failure when no API server listens.
+
+use super::*;
+use crate::doctor::test_config;
+
+fn answers(deny: &[(&str, &str)], node: &str) -> Vec<(AccessCheck, Result<AccessDecision, String>)> {
+    needed_access(node, "gpu.edra.dev")
+        .into_iter()
+        .map(|c| {
+            let denied = deny.iter().any(|(v, r)| c.verb == *v && c.resource == *r);
+            let d = AccessDecision {
+                allowed: !denied,
+                reason: if denied { "nope".into() } else { String::new() },
+                ..Default::default()
+            };
+            (c, Ok(d))
+        })
+        .collect()
+}
+
+fn node_identity(n: &str) -> SubjectInfo {
+    SubjectInfo {
+        username: format!("system:node:{n}"),
+        groups: vec!["system:nodes".into(), "system:authenticated".into()],
+    }
+}
+
+#[test]
+fn needed_access_covers_every_verb_edra_uses() {
+    let v = needed_access("n1", "gpu.edra.dev");
+    let described: Vec<String> = v.iter().map(AccessCheck::describe).collect();
+    for want in [
+        "create resourceslices.resource.k8s.io",
+        "delete resourceslices.resource.k8s.io",
+        "list resourceslices.resource.k8s.io (spec.nodeName=n1,spec.driver=gpu.edra.dev)",
+        "watch resourceslices.resource.k8s.io (spec.nodeName=n1,spec.driver=gpu.edra.dev)",
+        "get resourceclaims.resource.k8s.io",
+        "get nodes/n1",
+    ] {
+        assert!(described.iter().any(|d| d == want), "{want} missing from {described:?}");
+    }
+}
+
+#[test]
+fn rbac_identity_with_everything_passes_and_a_denial_fails_with_the_rbac_fix() {
+    let who = SubjectInfo { username: "system:serviceaccount:edra:edra".into(), groups: vec![] };
+    let r = evaluate_permissions(Some(&who), "n1", &answers(&[], "n1"));
+    assert_eq!(r.status, Status::Pass, "{r:?}");
+    let r = evaluate_permissions(Some(&who), "n1", &answers(&[("delete", "resourceslices")], "n1"));
+    assert_eq!(r.status, Status::Fail);
+    assert!(r.detail.contains("delete resourceslices.resource.k8s.io (nope)"), "{}", r.detail);
+    assert!(r.fix.contains("ClusterRole") && r.fix.contains("system:serviceaccount:edra:edra"), "{}", r.fix);
+}
+
+#[test]
+fn node_identity_per_object_denials_are_notes_but_others_fail() {
+    let who = node_identity("n1");
+    let per_object = [
+        ("get", "resourceslices"),
+        ("update", "resourceslices"),
+        ("delete", "resourceslices"),
+        ("get", "resourceclaims"),
+    ];
+    let r = evaluate_permissions(Some(&who), "n1", &answers(&per_object, "n1"));
+    assert_eq!(r.status, Status::Pass, "{r:?}");
+    assert!(r.detail.contains("decided per object by the node authorizer"), "{}", r.detail);
+    let r = evaluate_permissions(Some(&who), "n1", &answers(&[("create", "resourceslices")], "n1"));
+    assert_eq!(r.status, Status::Fail);
+    assert!(r.fix.contains("--authorization-mode=Node,RBAC"), "{}", r.fix);
+}
+
+#[test]
+fn node_identity_of_another_node_fails() {
+    let r = evaluate_permissions(Some(&node_identity("other")), "n1", &answers(&[], "n1"));
+    assert_eq!(r.status, Status::Fail);
+    assert!(r.detail.contains("node other") && r.fix.contains("--node-name"), "{r:?}");
+}
+
+#[test]
+fn review_errors_warn() {
+    let mut a = answers(&[], "n1");
+    a[0].1 = Err("POST selfsubjectaccessreviews: no answer within 5s".into());
+    let r = evaluate_permissions(None, "n1", &a);
+    assert_eq!(r.status, Status::Warn);
+    assert!(r.detail.starts_with("(unknown identity): could not ask"), "{}", r.detail);
+}
+
+#[test]
+fn dra_hints_per_version() {
+    assert!(enable_dra_hint("v1.32.5+k3s1").contains("resource.k8s.io/v1beta1=true"));
+    assert!(enable_dra_hint("v1.33.1").contains("resource.k8s.io/v1beta2=true"));
+    assert!(enable_dra_hint("v1.33.1").contains("/etc/rancher/k3s/config.yaml"));
+    assert!(enable_dra_hint("v1.33.1+k3s1").contains("#14286"));
+    assert!(!enable_dra_hint("v1.33.1").contains("#14286"));
+    assert!(enable_dra_hint("v1.35.0").contains("on by default"));
+    assert!(enable_dra_hint("v1.30.2").contains("upgrade"));
+}
+
+#[tokio::test]
+async fn no_credentials_fail_fast_and_skip_permissions() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = test_config(d.path(), &[]);
+    let started = std::time::Instant::now();
+    let r = checks(&cfg).await;
+    assert_eq!((r[0].name, r[0].status), ("api-server", Status::Fail), "{:?}", r[0]);
+    assert!(r[0].detail.contains("kubeconfig"), "{}", r[0].detail);
+    assert_eq!(r[1].status, Status::Skip);
+    assert!(started.elapsed() < NETWORK_TIMEOUT);
+}
