@@ -7,13 +7,15 @@
 //! path edra uses is a key here, so tests run unprivileged against temp dirs.
 //! The documented example is `config/edra.toml`; docs/configuration.md lists every key.
 
+mod mock;
 pub mod source;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use mock::{MockMig, MockSettings, validate_mig_profile};
 pub use source::{Origin, Problem, Raw, Reader, env_name};
-use source::{abs_path, abs_path_list, boolean, bytes, duration, positive_f64, string, toml_value, uint};
+use source::{abs_path, abs_path_list, boolean, duration, positive_f64, string, uint};
 
 /// The configuration file read when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/edra/config.toml";
@@ -160,54 +162,6 @@ pub struct NvmlSettings {
     /// driver root's library folders when a driver root other than `/` is set); a path is
     /// used as it is, relative to the driver root.
     pub library: PathBuf,
-}
-
-/// One mock GPU's MIG layout.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MockMig {
-    /// Index of the parent GPU.
-    pub gpu: u32,
-    /// MIG profiles of the devices to create, e.g. `["1g.10gb", "3g.40gb"]`.
-    pub profiles: Vec<String>,
-}
-
-/// The mock backend's GPUs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MockSettings {
-    /// Number of GPUs.
-    pub gpus: u32,
-    /// Product name, e.g. "NVIDIA A100-SXM4-80GB".
-    pub product_name: String,
-    /// Memory per GPU in bytes.
-    pub memory: u64,
-    /// Architecture name, e.g. "Ampere".
-    pub architecture: String,
-    /// CUDA compute capability, e.g. "8.0".
-    pub cuda_compute_capability: String,
-    /// Streaming multiprocessors per GPU.
-    pub multiprocessors: u32,
-    /// Driver version reported, e.g. "550.54.15".
-    pub driver_version: String,
-    /// CUDA driver version reported, e.g. "12.4".
-    pub cuda_driver_version: String,
-    /// MIG layouts; GPUs not listed are whole GPUs.
-    pub mig: Vec<MockMig>,
-}
-
-impl Default for MockSettings {
-    fn default() -> Self {
-        Self {
-            gpus: 2,
-            product_name: "NVIDIA A100-SXM4-80GB".into(),
-            memory: 80 << 30,
-            architecture: "Ampere".into(),
-            cuda_compute_capability: "8.0".into(),
-            multiprocessors: 108,
-            driver_version: "550.54.15".into(),
-            cuda_driver_version: "12.4".into(),
-            mig: Vec::new(),
-        }
-    }
 }
 
 /// The complete, validated configuration.
@@ -452,7 +406,7 @@ impl Config {
         let metrics = MetricsSettings {
             address: r.get("metrics.address", DEFAULT_METRICS_ADDRESS.parse().ok(), metrics_address),
         };
-        let mock = read_mock(r);
+        let mock = mock::read_mock(r);
         Config {
             file,
             node_name,
@@ -475,89 +429,6 @@ impl Config {
 fn positive_duration(raw: &Raw) -> Result<Duration, String> {
     let d = duration(raw)?;
     if d.is_zero() { Err("must be greater than zero".into()) } else { Ok(d) }
-}
-
-fn read_mock(r: &mut Reader) -> MockSettings {
-    let d = MockSettings::default();
-    let gpus = r.get("mock.gpus", d.gpus, |raw| match uint(raw)? {
-        n if n > 64 => Err(format!("at most 64 mock GPUs, found {n}")),
-        n => Ok(n as u32),
-    });
-    let mut m = MockSettings {
-        gpus,
-        product_name: r.get("mock.product_name", d.product_name, nonempty_string),
-        memory: r.get("mock.memory", d.memory, bytes),
-        architecture: r.get("mock.architecture", d.architecture, nonempty_string),
-        cuda_compute_capability: r.get("mock.cuda_compute_capability", d.cuda_compute_capability, nonempty_string),
-        multiprocessors: r.get("mock.multiprocessors", d.multiprocessors, |raw| {
-            u32::try_from(uint(raw)?).map_err(|_| "too large".to_string())
-        }),
-        driver_version: r.get("mock.driver_version", d.driver_version, nonempty_string),
-        cuda_driver_version: r.get("mock.cuda_driver_version", d.cuda_driver_version, nonempty_string),
-        mig: Vec::new(),
-    };
-    m.mig = r.get("mock.mig", Vec::new(), |raw| parse_mock_mig(&toml_value(raw)?, gpus));
-    m
-}
-
-fn nonempty_string(raw: &Raw) -> Result<String, String> {
-    let s = string(raw)?;
-    if s.trim().is_empty() { Err("must not be empty".into()) } else { Ok(s) }
-}
-
-fn parse_mock_mig(v: &toml::Value, gpus: u32) -> Result<Vec<MockMig>, String> {
-    let items = v.as_array().ok_or("expected a list of { gpu = N, profiles = [...] } tables")?;
-    let mut out: Vec<MockMig> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let t = item.as_table().ok_or_else(|| format!("entry {i}: expected a table"))?;
-        for k in t.keys() {
-            if k != "gpu" && k != "profiles" {
-                return Err(format!("entry {i}: unknown field {k:?} (expected gpu and profiles)"));
-            }
-        }
-        let gpu = t
-            .get("gpu")
-            .and_then(|g| g.as_integer())
-            .filter(|g| *g >= 0)
-            .ok_or_else(|| format!("entry {i}: gpu must be a GPU index"))? as u32;
-        if gpu >= gpus {
-            return Err(format!("entry {i}: gpu {gpu} does not exist (mock.gpus is {gpus})"));
-        }
-        if out.iter().any(|m| m.gpu == gpu) {
-            return Err(format!("entry {i}: gpu {gpu} is listed twice"));
-        }
-        let profiles = t
-            .get("profiles")
-            .and_then(|p| p.as_array())
-            .ok_or_else(|| format!("entry {i}: profiles must be a list such as [\"1g.10gb\"]"))?
-            .iter()
-            .map(|p| {
-                let s = p.as_str().ok_or_else(|| format!("entry {i}: profiles must be strings"))?;
-                validate_mig_profile(s).map_err(|e| format!("entry {i}: {e}"))?;
-                Ok(s.to_string())
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        if profiles.is_empty() {
-            return Err(format!("entry {i}: profiles must not be empty"));
-        }
-        out.push(MockMig { gpu, profiles });
-    }
-    Ok(out)
-}
-
-/// Checks a MIG profile name such as `1g.10gb` or `1c.3g.40gb`.
-pub fn validate_mig_profile(s: &str) -> Result<(), String> {
-    let parts: Vec<&str> = s.split('.').collect();
-    let ok = match parts.as_slice() {
-        [g, mem] => is_num_suffix(g, "g") && is_num_suffix(mem, "gb"),
-        [c, g, mem] => is_num_suffix(c, "c") && is_num_suffix(g, "g") && is_num_suffix(mem, "gb"),
-        _ => false,
-    };
-    if ok { Ok(()) } else { Err(format!("{s:?} is not a MIG profile such as \"1g.10gb\"")) }
-}
-
-fn is_num_suffix(s: &str, suffix: &str) -> bool {
-    s.strip_suffix(suffix).is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
 }
 
 /// Validates a DNS-1123 subdomain (lower case, ≤253, labels of `[a-z0-9-]` separated by `.`).
