@@ -1,0 +1,184 @@
+//! Crash consistency of the real `edra run` binary: the process is aborted at each
+//! failpoint of prepare and unprepare (`FAILPOINT_EDRA`), or killed with SIGKILL during a
+//! burst of prepares, then restarted without failpoints. After the restart, prepare and
+//! unprepare must succeed, exactly one spec file per prepared claim must exist, and after
+//! unprepare nothing may be left: no spec files, no records, no device holdings.
+
+use std::time::Duration;
+
+use edra::plugin::ClaimRef;
+use edra::state::Store;
+
+use crate::support::agent::{ChildAgent, Cluster, GPUS, NodeFs, WAIT, prepare, prepare_ok, unprepare, unprepare_ok};
+
+/// Opens the state of a stopped agent and asserts it holds no claims and no devices.
+fn assert_state_empty(fs: &NodeFs) {
+    let store = Store::open(&fs.state_dir()).expect("open the state of the stopped agent");
+    assert_eq!(store.claims().expect("read claims"), Vec::new(), "claim records left");
+    for i in 0..GPUS {
+        assert_eq!(store.holder(&format!("gpu-{i}")).expect("read holder"), None, "gpu-{i} still held");
+    }
+}
+
+/// Waits for the aborted child, asserts it died by a signal.
+async fn assert_died(child: &mut ChildAgent, point: &str) {
+    let status = child.wait_exit().await;
+    assert!(!status.success() && status.code().is_none(), "edra should abort at {point}, exited with {status}");
+}
+
+/// After the crash and a restart: the claim prepares, has exactly one spec, unprepares,
+/// and a second claim for the same device prepares too (no holding left behind).
+async fn converge(cluster: &Cluster, claim: &ClaimRef, other: &ClaimRef) {
+    let fs = cluster.fs();
+    let child = ChildAgent::start(cluster, "").await;
+    let mut v1 = child.v1().await;
+    let ids = prepare_ok(&mut v1, claim).await;
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(fs.spec_files(), [fs.spec_file(&claim.uid)], "exactly one spec file");
+    assert_eq!(prepare_ok(&mut v1, claim).await, ids, "the completed claim answers the same");
+    unprepare_ok(&mut v1, claim).await;
+    assert!(fs.spec_files().is_empty(), "spec files left: {:?}", fs.spec_files());
+    prepare_ok(&mut v1, other).await;
+    unprepare_ok(&mut v1, other).await;
+    assert!(fs.spec_files().is_empty());
+    child.terminate().await;
+    assert_state_empty(&fs);
+}
+
+async fn crash_in_prepare(point: &str) {
+    let cluster = Cluster::start().await;
+    let claim = cluster.allocated_claim("victim", "gpu-0");
+    let other = cluster.allocated_claim("next", "gpu-0");
+    let mut child = ChildAgent::start(&cluster, point).await;
+    let mut v1 = child.v1().await;
+    let outcome = prepare(&mut v1, std::slice::from_ref(&claim)).await;
+    assert!(outcome.is_err(), "prepare should fail when edra dies at {point}: {outcome:?}");
+    assert_died(&mut child, point).await;
+    converge(&cluster, &claim, &other).await;
+}
+
+async fn crash_in_unprepare(point: &str) {
+    let cluster = Cluster::start().await;
+    let claim = cluster.allocated_claim("victim", "gpu-0");
+    let other = cluster.allocated_claim("next", "gpu-0");
+    let mut child = ChildAgent::start(&cluster, point).await;
+    let mut v1 = child.v1().await;
+    prepare_ok(&mut v1, &claim).await;
+    let outcome = unprepare(&mut v1, std::slice::from_ref(&claim)).await;
+    assert!(outcome.is_err(), "unprepare should fail when edra dies at {point}: {outcome:?}");
+    assert_died(&mut child, point).await;
+    // The kubelet retries the unprepare first, then (for a new pod) may prepare again.
+    let fs = cluster.fs();
+    let restarted = ChildAgent::start(&cluster, "").await;
+    let mut v1 = restarted.v1().await;
+    unprepare_ok(&mut v1, &claim).await;
+    assert!(fs.spec_files().is_empty(), "spec files left: {:?}", fs.spec_files());
+    restarted.terminate().await;
+    assert_state_empty(&fs);
+    converge(&cluster, &claim, &other).await;
+}
+
+#[tokio::test]
+async fn crash_after_prepare_started() {
+    crash_in_prepare("prepare-after-started").await;
+}
+
+#[tokio::test]
+async fn crash_after_cdi_write() {
+    crash_in_prepare("prepare-after-cdi-write").await;
+}
+
+#[tokio::test]
+async fn crash_before_prepare_completed() {
+    crash_in_prepare("prepare-before-completed").await;
+}
+
+#[tokio::test]
+async fn crash_after_prepare_completed() {
+    crash_in_prepare("prepare-after-completed").await;
+}
+
+#[tokio::test]
+async fn crash_after_unprepare_removed_the_spec() {
+    crash_in_unprepare("unprepare-after-cdi-remove").await;
+}
+
+#[tokio::test]
+async fn crash_after_unprepare_removed_the_record() {
+    crash_in_unprepare("unprepare-after-record-remove").await;
+}
+
+#[test]
+fn every_failpoint_is_covered() {
+    let covered = [
+        "prepare-after-started",
+        "prepare-after-cdi-write",
+        "prepare-before-completed",
+        "prepare-after-completed",
+        "unprepare-after-cdi-remove",
+        "unprepare-after-record-remove",
+    ];
+    assert_eq!(edra::prepare::failpoint::POINTS, covered);
+}
+
+#[tokio::test]
+async fn sigkill_during_a_burst_of_prepares_converges() {
+    let cluster = Cluster::start().await;
+    let fs = cluster.fs();
+    let claims: Vec<ClaimRef> =
+        (0..GPUS).map(|i| cluster.allocated_claim(&format!("burst-{i}"), &format!("gpu-{i}"))).collect();
+    for round in 0..4 {
+        let mut child = ChildAgent::start(&cluster, "").await;
+        let mark = cluster.server.request_mark();
+        let calls: Vec<_> = claims
+            .iter()
+            .map(|c| {
+                let socket = fs.dra_socket();
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut v1 = crate::support::kubelet::dra_v1(&socket).await;
+                    prepare(&mut v1, &[c]).await
+                })
+            })
+            .collect();
+        // Kill once a random number of the claims have been fetched, i.e. while prepares
+        // are in progress, plus a random few hundred microseconds.
+        let fetched = fastrand::usize(1..=claims.len());
+        cluster
+            .server
+            .wait_for("claim fetches", WAIT, |s| {
+                s.requests()[mark..].iter().filter(|r| r.path.contains("/resourceclaims/")).count() >= fetched
+            })
+            .await
+            .expect("the agent fetches the claims");
+        tokio::time::sleep(Duration::from_micros(fastrand::u64(0..500))).await;
+        child.kill().await;
+        let finished = futures_util::future::join_all(calls).await;
+        let answered = finished.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+        let phases: Vec<_> = {
+            let store = Store::open(&fs.state_dir()).expect("open the state after SIGKILL");
+            store.claims().expect("read claims").into_iter().map(|r| r.phase).collect()
+        };
+        eprintln!(
+            "round {round}: SIGKILL after {fetched} fetches; {answered} of {} answered; records left {phases:?}; spec files {}",
+            claims.len(),
+            fs.spec_files().len()
+        );
+
+        let child = ChildAgent::start(&cluster, "").await;
+        let mut v1 = child.v1().await;
+        let answer = prepare(&mut v1, &claims).await.expect("NodePrepareResources after restart");
+        for c in &claims {
+            assert_eq!(answer[&c.uid].error, "", "round {round}: {}", c.name);
+            assert_eq!(answer[&c.uid].devices.len(), 1);
+        }
+        let mut want: Vec<_> = claims.iter().map(|c| fs.spec_file(&c.uid)).collect();
+        want.sort();
+        assert_eq!(fs.spec_files(), want, "round {round}: one spec per claim");
+        let released = unprepare(&mut v1, &claims).await.expect("NodeUnprepareResources");
+        assert!(released.values().all(String::is_empty), "{released:?}");
+        assert!(fs.spec_files().is_empty());
+        child.terminate().await;
+        assert_state_empty(&fs);
+    }
+}

@@ -1,0 +1,41 @@
+//! Offline operation: with the API server gone, claims prepared before are answered from
+//! the state store and can be released; a new claim fails with a clear per-claim error
+//! well within the kubelet's 45 s call timeout.
+
+use std::time::{Duration, Instant};
+
+use crate::support::agent::{Agent, Cluster, NODE, prepare, prepare_ok, unprepare_ok};
+
+/// The kubelet gives up on a prepare call after 45 s; edra must answer well before.
+const ANSWER_WITHIN: Duration = Duration::from_secs(25);
+
+#[tokio::test]
+async fn prepared_claims_keep_working_without_the_api_server() {
+    let cluster = Cluster::start().await;
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    let fs = cluster.fs();
+    let done = cluster.allocated_claim("done", "gpu-0");
+    let new = cluster.allocated_claim("new", "gpu-1");
+    let mut v1 = agent.v1().await;
+    let ids = prepare_ok(&mut v1, &done).await;
+
+    cluster.server.stop().await;
+    let mark = cluster.server.request_mark();
+    assert_eq!(prepare_ok(&mut v1, &done).await, ids, "answered from the state store");
+    assert!(fs.spec_file(&done.uid).exists());
+
+    let started = Instant::now();
+    let answer = prepare(&mut v1, std::slice::from_ref(&new)).await.expect("NodePrepareResources");
+    let took = started.elapsed();
+    eprintln!("prepare of a new claim with the API server down answered in {took:?}");
+    assert!(took < ANSWER_WITHIN, "took {took:?}");
+    let error = &answer[&new.uid].error;
+    assert!(error.contains("cannot get ResourceClaim default/new"), "{error:?}");
+    assert!(error.contains("API server"), "{error:?}");
+    assert!(!fs.spec_file(&new.uid).exists());
+
+    unprepare_ok(&mut v1, &done).await;
+    assert!(fs.spec_files().is_empty());
+    assert_eq!(cluster.server.request_mark(), mark, "nothing reached the stopped server");
+    agent.stop().await;
+}
