@@ -295,3 +295,25 @@ async fn node_authorizer_refuses_another_nodes_pool() {
     assert!(text.contains("system:node:"), "the answer names the identity: {text}");
     agent.stop().await;
 }
+
+#[tokio::test]
+async fn recreated_node_gets_slices_owned_by_its_new_uid() {
+    let cluster = Cluster::start().await;
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    cluster.wait_published(NODE, GPUS).await;
+    // `kubectl delete node n1`: the garbage collector takes the slices with it; the kubelet
+    // then registers the Node again under a new uid.
+    assert_eq!(cluster.server.delete_node(NODE), Some(1));
+    let new_uid = cluster.server.add_node(NODE);
+    assert_ne!(new_uid, cluster.node_uid);
+    cluster
+        .server
+        .wait_for("slices owned by the new Node", WAIT, |s| {
+            let slices = s.slices_on(NODE);
+            device_names(&slices).len() == GPUS
+                && slices.iter().all(|x| x["metadata"]["ownerReferences"][0]["uid"] == new_uid.as_str())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {:?}", cluster.slices_on(NODE)));
+    agent.stop().await;
+}
