@@ -170,5 +170,16 @@ async fn a_device_is_prepared_for_one_claim_at_a_time() {
     unprepare_ok(&mut v1, &first).await;
     prepare_ok(&mut v1, &second).await;
     unprepare_ok(&mut v1, &second).await;
+
+    // Two claims for one device in the same call: exactly one gets it.
+    let third = cluster.allocated_claim("third", "gpu-2");
+    let fourth = cluster.allocated_claim("fourth", "gpu-2");
+    let answer = prepare(&mut v1, &[third.clone(), fourth.clone()]).await.expect("NodePrepareResources");
+    let (winner, loser) = if answer[&third.uid].error.is_empty() { (&third, &fourth) } else { (&fourth, &third) };
+    assert_eq!(answer[&winner.uid].error, "");
+    let error = &answer[&loser.uid].error;
+    assert!(error.contains(&winner.uid), "the loser's error names the winner: {error:?}");
+    assert_eq!(cluster.fs().spec_files(), [cluster.fs().spec_file(&winner.uid)]);
+    unprepare_ok(&mut v1, winner).await;
     agent.stop().await;
 }

@@ -325,7 +325,7 @@ impl ChildAgent {
             .arg(cluster.config_file(NODE))
             .arg("run")
             .env_remove("KUBECONFIG")
-            .env("RUST_LOG", "warn")
+            .env("EDRA_LOG_LEVEL", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
