@@ -5,5 +5,6 @@
 
 mod crash;
 mod offline;
+mod pool;
 mod preparing;
 mod publishing;

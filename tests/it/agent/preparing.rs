@@ -183,3 +183,31 @@ async fn a_device_is_prepared_for_one_claim_at_a_time() {
     unprepare_ok(&mut v1, winner).await;
     agent.stop().await;
 }
+
+#[tokio::test]
+async fn a_claim_with_several_devices_and_another_drivers_results() {
+    let cluster = Cluster::start().await;
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    let claim = cluster.put_claim(
+        ClaimBuilder::new("default", "pair")
+            .allocated(AllocatedDevice::new("a", DRIVER, NODE, "gpu-0"))
+            .allocated(AllocatedDevice::new("nic", "nic.example.com", NODE, "eth-0"))
+            .allocated(AllocatedDevice::new("b", DRIVER, NODE, "gpu-3")),
+    );
+    let mut v1 = agent.v1().await;
+    let answer = prepare(&mut v1, std::slice::from_ref(&claim)).await.expect("NodePrepareResources");
+    let one = &answer[&claim.uid];
+    assert_eq!(one.error, "");
+    let mut got: Vec<(Vec<String>, String)> =
+        one.devices.iter().map(|d| (d.request_names.clone(), d.device_name.clone())).collect();
+    got.sort();
+    assert_eq!(got, [(vec!["a".to_string()], "gpu-0".to_string()), (vec!["b".to_string()], "gpu-3".to_string())]);
+    let spec = read_spec(&cluster.fs().spec_file(&claim.uid));
+    let mut names: Vec<&str> =
+        spec["devices"].as_array().expect("devices").iter().filter_map(|d| d["name"].as_str()).collect();
+    names.sort();
+    assert_eq!(names, [format!("{}-gpu-0", claim.uid), format!("{}-gpu-3", claim.uid)]);
+    unprepare_ok(&mut v1, &claim).await;
+    assert!(cluster.fs().spec_files().is_empty());
+    agent.stop().await;
+}

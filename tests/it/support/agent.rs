@@ -52,7 +52,12 @@ pub struct Cluster {
 impl Cluster {
     /// A v1 server with the node authorizer, Node "n1", and a `system:node:n1` kubeconfig.
     pub async fn start() -> Cluster {
-        let server = TestApiServer::start(Options { node_authorizer: true, ..Options::default() })
+        Self::start_with(Options::default()).await
+    }
+
+    /// Like [`Cluster::start`] with other server options (the node authorizer stays on).
+    pub async fn start_with(options: Options) -> Cluster {
+        let server = TestApiServer::start(Options { node_authorizer: true, ..options })
             .await
             .expect("start the test API server");
         let node_uid = server.add_node(NODE);
@@ -70,15 +75,25 @@ impl Cluster {
     /// The configuration file for node `node` (written on each call), as `edra run
     /// --config` reads it.
     pub fn config_file(&self, node: &str) -> PathBuf {
+        self.config_file_with(node, &format!("gpus = {GPUS}"))
+    }
+
+    /// Like [`Cluster::config_file`] with `mock` as the body of the `[mock]` section.
+    pub fn config_file_with(&self, node: &str, mock: &str) -> PathBuf {
         let path = self.dir.path().join(format!("edra-{node}.toml"));
-        std::fs::write(&path, self.fs().toml(node, &self.kubeconfig)).expect("write the configuration file");
+        std::fs::write(&path, self.fs().toml(node, &self.kubeconfig, mock)).expect("write the configuration file");
         path
     }
 
     /// The configuration of an agent on `node` with this cluster's node-n1 credentials.
     pub fn config(&self, node: &str) -> Config {
+        self.config_with(node, &format!("gpus = {GPUS}"))
+    }
+
+    /// Like [`Cluster::config`] with `mock` as the body of the `[mock]` section.
+    pub fn config_with(&self, node: &str, mock: &str) -> Config {
         let ctx = LoadContext {
-            explicit_file: Some(self.config_file(node)),
+            explicit_file: Some(self.config_file_with(node, mock)),
             default_file: self.dir.path().join("absent.toml"),
             env: Vec::new(),
             overrides: Overrides::default(),
@@ -205,7 +220,7 @@ impl NodeFs {
         self.cdi_dir().join(format!("k8s.{DRIVER}-claim_{uid}.json"))
     }
 
-    fn toml(&self, node: &str, kubeconfig: &Path) -> String {
+    fn toml(&self, node: &str, kubeconfig: &Path, mock: &str) -> String {
         let s = |p: PathBuf| toml::Value::String(p.display().to_string()).to_string();
         let r = |rel: &str| s(self.root.join(rel));
         format!(
@@ -215,7 +230,7 @@ impl NodeFs {
              [cdi]\nspec_dirs = [{static_}, {dynamic}]\ndynamic_dir = {dynamic}\n\
              [paths]\nstate_dir = {state}\ndriver_root = {driver}\ndev_root = {dev}\nproc_root = {proc}\nsys_root = {sys}\n\
              [plugin]\nshutdown_grace = \"2s\"\n\
-             [mock]\ngpus = {GPUS}\n",
+             [mock]\n{mock}\n",
             kc = s(kubeconfig.to_path_buf()),
             kubelet = r("kubelet"),
             plugins = r("kubelet/plugins"),
