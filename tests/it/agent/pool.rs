@@ -16,7 +16,7 @@ use crate::support::apiserver::{ApiVersion, Options};
 fn mig_mock() -> String {
     let mut mock = String::from("gpus = 20\nmig = [\n");
     for gpu in 0..20 {
-        mock.push_str(&format!("  {{ gpu = {gpu}, profiles = [{}] }},\n", vec!["\"1g.10gb\""; 7].join(", ")));
+        mock.push_str(&format!("  {{ gpu = {gpu}, profiles = [{}] }},\n", ["\"1g.10gb\""; 7].join(", ")));
     }
     mock.push_str("]\n");
     mock
