@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use edra::plugin::ClaimRef;
-use edra::state::Store;
+use edra::state::{Phase, Store};
 
 use crate::support::agent::{ChildAgent, Cluster, GPUS, NodeFs, WAIT, prepare, prepare_ok, unprepare, unprepare_ok};
 
@@ -45,8 +45,18 @@ async fn converge(cluster: &Cluster, claim: &ClaimRef, other: &ClaimRef) {
     assert_state_empty(&fs);
 }
 
-async fn crash_in_prepare(point: &str) {
+/// The phase of `uid`'s record in the state of a stopped agent, if any.
+fn phase_of(fs: &NodeFs, uid: &str) -> Option<Phase> {
+    let store = Store::open(&fs.state_dir()).expect("open the state of the stopped agent");
+    store.claim(uid).expect("read the claim record").map(|r| r.phase)
+}
+
+/// What the crash left: the record's phase and whether the spec file exists.
+type Left = (Option<Phase>, bool);
+
+async fn crash_in_prepare(point: &str, left: Left) {
     let cluster = Cluster::start().await;
+    let fs = cluster.fs();
     let claim = cluster.allocated_claim("victim", "gpu-0");
     let other = cluster.allocated_claim("next", "gpu-0");
     let mut child = ChildAgent::start(&cluster, point).await;
@@ -54,10 +64,27 @@ async fn crash_in_prepare(point: &str) {
     let outcome = prepare(&mut v1, std::slice::from_ref(&claim)).await;
     assert!(outcome.is_err(), "prepare should fail when edra dies at {point}: {outcome:?}");
     assert_died(&mut child, point).await;
+    assert_eq!((phase_of(&fs, &claim.uid), fs.spec_file(&claim.uid).exists()), left, "left by a crash at {point}");
+    if left.0 == Some(Phase::PrepareCompleted) {
+        // Durable: the restarted agent answers from its state, without the API server.
+        let mark = cluster.server.request_mark();
+        let restarted = ChildAgent::start(&cluster, "").await;
+        prepare_ok(&mut restarted.v1().await, &claim).await;
+        let claim_reads =
+            cluster.server.requests()[mark..].iter().filter(|r| r.path.contains("/resourceclaims/")).count();
+        assert_eq!(claim_reads, 0, "a completed prepare is answered from the state store");
+        restarted.terminate().await;
+    } else {
+        // Rolled back at start: no spec until the kubelet retries.
+        let restarted = ChildAgent::start(&cluster, "").await;
+        assert!(fs.spec_files().is_empty(), "recovery rolls back: {:?}", fs.spec_files());
+        restarted.terminate().await;
+        assert_eq!(phase_of(&fs, &claim.uid), None, "recovery removes the interrupted record");
+    }
     converge(&cluster, &claim, &other).await;
 }
 
-async fn crash_in_unprepare(point: &str) {
+async fn crash_in_unprepare(point: &str, left: Left) {
     let cluster = Cluster::start().await;
     let claim = cluster.allocated_claim("victim", "gpu-0");
     let other = cluster.allocated_claim("next", "gpu-0");
@@ -67,9 +94,12 @@ async fn crash_in_unprepare(point: &str) {
     let outcome = unprepare(&mut v1, std::slice::from_ref(&claim)).await;
     assert!(outcome.is_err(), "unprepare should fail when edra dies at {point}: {outcome:?}");
     assert_died(&mut child, point).await;
-    // The kubelet retries the unprepare first, then (for a new pod) may prepare again.
     let fs = cluster.fs();
+    assert_eq!((phase_of(&fs, &claim.uid), fs.spec_file(&claim.uid).exists()), left, "left by a crash at {point}");
+    // The kubelet retries the unprepare first, then (for a new pod) may prepare again.
     let restarted = ChildAgent::start(&cluster, "").await;
+    let kept = usize::from(left.0.is_some());
+    assert_eq!(fs.spec_files().len(), kept, "recovery re-writes the spec of a kept record, removes nothing else");
     let mut v1 = restarted.v1().await;
     unprepare_ok(&mut v1, &claim).await;
     assert!(fs.spec_files().is_empty(), "spec files left: {:?}", fs.spec_files());
@@ -80,32 +110,32 @@ async fn crash_in_unprepare(point: &str) {
 
 #[tokio::test]
 async fn crash_after_prepare_started() {
-    crash_in_prepare("prepare-after-started").await;
+    crash_in_prepare("prepare-after-started", (Some(Phase::PrepareStarted), false)).await;
 }
 
 #[tokio::test]
 async fn crash_after_cdi_write() {
-    crash_in_prepare("prepare-after-cdi-write").await;
+    crash_in_prepare("prepare-after-cdi-write", (Some(Phase::PrepareStarted), true)).await;
 }
 
 #[tokio::test]
 async fn crash_before_prepare_completed() {
-    crash_in_prepare("prepare-before-completed").await;
+    crash_in_prepare("prepare-before-completed", (Some(Phase::PrepareStarted), true)).await;
 }
 
 #[tokio::test]
 async fn crash_after_prepare_completed() {
-    crash_in_prepare("prepare-after-completed").await;
+    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true)).await;
 }
 
 #[tokio::test]
 async fn crash_after_unprepare_removed_the_spec() {
-    crash_in_unprepare("unprepare-after-cdi-remove").await;
+    crash_in_unprepare("unprepare-after-cdi-remove", (Some(Phase::PrepareCompleted), false)).await;
 }
 
 #[tokio::test]
 async fn crash_after_unprepare_removed_the_record() {
-    crash_in_unprepare("unprepare-after-record-remove").await;
+    crash_in_unprepare("unprepare-after-record-remove", (None, false)).await;
 }
 
 #[test]
