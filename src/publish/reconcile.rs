@@ -9,7 +9,8 @@
 //! Before creating slices it re-reads the Node, so a Node deleted and registered again
 //! (which takes the slices with it) gets slices owned by its new uid.
 //! Errors are retried with jittered backoff; a Forbidden answer is logged with the
-//! server's message and what to fix. Shutting down never deletes slices.
+//! server's message and what to fix. Shutting down never deletes slices and does not wait
+//! for a write in flight (the next start adopts whatever it left).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -136,29 +137,42 @@ impl Publisher {
                         self.report(true, inventory.devices.len(), writes, None);
                         continue;
                     }
-                    // Slices are missing: the Node may have been deleted (taking them with it)
-                    // and registered again under a new uid that the owner reference must name.
-                    let result = if p.creates.is_empty() { Ok(false) } else { self.refresh_owner().await };
-                    let result = match result {
-                        Ok(true) => {
-                            deadline = Some(tokio::time::Instant::now());
-                            continue;
+                    // Writes can hang as long as the request timeout; shutting down must not.
+                    let work = async {
+                        // Slices are missing: the Node may have been deleted (taking them with
+                        // it) and registered again under a new uid the owner reference must name.
+                        let refreshed = if p.creates.is_empty() { Ok(false) } else { self.refresh_owner().await };
+                        match refreshed {
+                            Ok(true) => None,
+                            Ok(false) => {
+                                info!(
+                                    generation = p.generation,
+                                    deletes = p.deletes.len(),
+                                    updates = p.updates.len(),
+                                    creates = p.creates.len(),
+                                    "publishing ResourceSlices"
+                                );
+                                Some(self.apply(&p, &mut observed).await)
+                            }
+                            Err(e) => Some((0, Err(e))),
                         }
-                        Ok(false) => {
-                            info!(
-                                generation = p.generation,
-                                deletes = p.deletes.len(),
-                                updates = p.updates.len(),
-                                creates = p.creates.len(),
-                                "publishing ResourceSlices"
-                            );
-                            min_generation = min_generation.max(p.generation);
-                            let (n, result) = self.apply(&p, &mut observed).await;
-                            writes += n;
-                            result
-                        }
-                        Err(e) => Err(e),
                     };
+                    let stop = async {
+                        if shutdown.wait_for(|stop| *stop).await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    };
+                    let outcome = tokio::select! {
+                        outcome = work => outcome,
+                        _ = stop => break,
+                    };
+                    let Some((n, result)) = outcome else {
+                        // The owner changed: plan again with it.
+                        deadline = Some(tokio::time::Instant::now());
+                        continue;
+                    };
+                    min_generation = min_generation.max(p.generation);
+                    writes += n;
                     match result {
                         Ok(()) => {
                             retry = RETRY_MIN;

@@ -317,3 +317,46 @@ async fn recreated_node_gets_slices_owned_by_its_new_uid() {
         .unwrap_or_else(|e| panic!("{e}: {:?}", cluster.slices_on(NODE)));
     agent.stop().await;
 }
+
+#[tokio::test]
+async fn transient_write_errors_are_retried() {
+    let cluster = Cluster::start().await;
+    cluster
+        .server
+        .inject(Fault::next(2, FaultAction::InternalError).method(Method::POST).path_contains("/resourceslices"));
+    cluster.server.inject(
+        Fault::next(1, FaultAction::TooManyRequests { retry_after_secs: 1 })
+            .method(Method::POST)
+            .path_contains("/resourceslices"),
+    );
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    cluster.wait_published(NODE, GPUS).await;
+    let posts: Vec<u16> =
+        cluster.server.requests().iter().filter(|r| r.method == Method::POST).map(|r| r.status).collect();
+    assert_eq!(posts.iter().filter(|s| **s >= 500).count(), 2, "{posts:?}");
+    assert!(posts.contains(&429), "{posts:?}");
+    assert_eq!(posts.last(), Some(&201), "{posts:?}");
+    assert_eq!(cluster.slices_on(NODE).len(), 1, "no duplicate slices from retried creates");
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_is_not_held_up_by_a_hanging_write() {
+    let cluster = Cluster::start().await;
+    cluster.server.inject(
+        Fault::next(usize::MAX, FaultAction::Delay(Duration::from_secs(120)))
+            .method(Method::POST)
+            .path_contains("/resourceslices"),
+    );
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    cluster
+        .server
+        .wait_for("the agent's create in flight", WAIT, |s: &State| s.in_flight() > 0)
+        .await
+        .expect("a create is held");
+    let started = Instant::now();
+    agent.stop().await;
+    let took = started.elapsed();
+    eprintln!("stopped in {took:?} with a create hanging");
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+}

@@ -225,7 +225,7 @@ impl NodeFs {
         let r = |rel: &str| s(self.root.join(rel));
         format!(
             "node_name = \"{node}\"\nbackend = \"mock\"\n\
-             [kubernetes]\nkubeconfig = {kc}\nrequest_timeout = \"5s\"\n\
+             [kubernetes]\nkubeconfig = {kc}\n\
              [kubelet]\nroot_dir = {kubelet}\nplugins_dir = {plugins}\nregistry_dir = {registry}\n\
              [cdi]\nspec_dirs = [{static_}, {dynamic}]\ndynamic_dir = {dynamic}\n\
              [paths]\nstate_dir = {state}\ndriver_root = {driver}\ndev_root = {dev}\nproc_root = {proc}\nsys_root = {sys}\n\
