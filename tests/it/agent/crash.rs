@@ -212,3 +212,44 @@ async fn sigkill_during_a_burst_of_prepares_converges() {
         assert_state_empty(&fs);
     }
 }
+
+fn dir_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read a socket directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn a_restart_after_sigkill_replaces_stale_sockets() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = Cluster::start().await;
+    let fs = cluster.fs();
+    let mut child = ChildAgent::start(&cluster, "").await;
+    child.kill().await;
+    let registry = fs.registration_socket().parent().expect("registry dir").to_path_buf();
+    let plugin_dir = fs.dra_socket().parent().expect("plugin dir").to_path_buf();
+    // Left by a process killed between binding and renaming a socket into place.
+    let hidden =
+        registry.join(format!(".{}~", fs.registration_socket().file_name().and_then(|n| n.to_str()).expect("name")));
+    drop(std::os::unix::net::UnixListener::bind(&hidden).expect("bind a stale hidden socket"));
+    assert!(fs.registration_socket().exists() && fs.dra_socket().exists(), "SIGKILL leaves the sockets");
+
+    let child = ChildAgent::start(&cluster, "").await;
+    assert_eq!(dir_names(&registry), ["gpu.edra.dev-reg.sock"]);
+    assert_eq!(dir_names(&plugin_dir), ["dra.sock"]);
+    for socket in [fs.registration_socket(), fs.dra_socket()] {
+        let mode = std::fs::metadata(&socket).expect("socket").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", socket.display());
+    }
+    let claim = cluster.allocated_claim("after-restart", "gpu-1");
+    let mut v1 = child.v1().await;
+    prepare_ok(&mut v1, &claim).await;
+    unprepare_ok(&mut v1, &claim).await;
+    child.terminate().await;
+    assert!(dir_names(&registry).is_empty(), "{:?}", dir_names(&registry));
+    assert!(dir_names(&plugin_dir).is_empty(), "{:?}", dir_names(&plugin_dir));
+}
