@@ -360,3 +360,50 @@ async fn shutdown_is_not_held_up_by_a_hanging_write() {
     eprintln!("stopped in {took:?} with a create hanging");
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
 }
+
+#[tokio::test]
+async fn an_expired_watch_relists_without_writes() {
+    let cluster = Cluster::start().await;
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    cluster.wait_published(NODE, GPUS).await;
+    let settle = cluster.server.request_mark();
+    let quiet = cluster.server.wait_for("a write", SETTLE, |s| s.writes_since(settle) > 0).await;
+    assert!(quiet.is_err(), "the pool keeps being written after the first publish");
+    let before = cluster.slices_on(NODE);
+    // History compacted and the watch ended: the agent must list again (410 on resume).
+    cluster.server.compact();
+    let mark = cluster.server.request_mark();
+    cluster.server.close_watches();
+    cluster
+        .server
+        .wait_for("a fresh list or watch", WAIT, |s| {
+            s.requests()[mark..].iter().filter(|r| matches!(r.verb, "list" | "watch") && r.status == 200).count() >= 1
+        })
+        .await
+        .expect("the agent watches again");
+    assert_no_writes_after_watch(&cluster, mark).await;
+    assert_eq!(cluster.slices_on(NODE), before);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_registered_after_the_agent_started_gets_its_pool() {
+    let (logs, _guard) = CapturedLogs::start();
+    let cluster = Cluster::start().await;
+    // On k3s edra may start before the kubelet has registered the Node.
+    assert_eq!(cluster.server.delete_node(NODE), Some(0));
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    cluster
+        .server
+        .wait_for("the Node looked up", WAIT, |s| {
+            s.requests().iter().any(|r| r.path == "/api/v1/nodes/n1" && r.status == 404)
+        })
+        .await
+        .expect("the agent asks for its Node");
+    let uid = cluster.server.add_node(NODE);
+    cluster.wait_published(NODE, GPUS).await;
+    assert!(cluster.slices_on(NODE).iter().all(|s| s["metadata"]["ownerReferences"][0]["uid"] == uid.as_str()));
+    let text = logs.text();
+    assert!(text.contains("Node n1 does not exist"), "the agent says why it waits: {text}");
+    agent.stop().await;
+}
