@@ -165,7 +165,8 @@ async fn a_device_is_prepared_for_one_claim_at_a_time() {
     prepare_ok(&mut v1, &first).await;
     let answer = prepare(&mut v1, std::slice::from_ref(&second)).await.expect("NodePrepareResources");
     let error = &answer[&second.uid].error;
-    assert!(error.contains(&first.uid) && error.contains("gpu-1"), "the error names the holder: {error:?}");
+    let holder = format!("claim default/first, UID {}", first.uid);
+    assert!(error.contains(&holder) && error.contains("gpu-1"), "the error names the holder: {error:?}");
     assert_eq!(cluster.fs().spec_files(), [cluster.fs().spec_file(&first.uid)]);
     unprepare_ok(&mut v1, &first).await;
     prepare_ok(&mut v1, &second).await;
