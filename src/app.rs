@@ -272,6 +272,14 @@ async fn publish(
                 let msg = error_chain(&e);
                 if e.is_not_found() {
                     error!(error = %msg, node = %node, "Node {node} does not exist; set node_name to this node's name as `kubectl get nodes` shows it");
+                } else if e.is_forbidden() {
+                    error!(
+                        error = %msg,
+                        node = %node,
+                        identity = cluster.client.identity(),
+                        "the API server refused to let edra read Node {node}; with node credentials node_name must be \
+                         the node they belong to (system:node:<name>), otherwise grant the RBAC in config/rbac.yaml"
+                    );
                 } else {
                     warn!(error = %msg, "cannot reach the API server yet; the kubelet is served meanwhile, retrying");
                 }

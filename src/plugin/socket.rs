@@ -1,5 +1,6 @@
 //! The plugin's Unix socket files: directories, stale-socket cleanup, binding with mode
-//! 0600, the stream of accepted connections (each wrapped in [`AuthorityFix`]), and
+//! 0600 under a hidden name then renaming into place (so a socket file is always ready to
+//! accept), the stream of accepted connections (each wrapped in [`AuthorityFix`]), and
 //! removal of edra's own sockets on exit.
 //!
 //! Only a socket at edra's own path is ever removed, and on exit only the very socket
@@ -74,14 +75,29 @@ pub(crate) fn bind(path: &Path) -> Result<BoundSocket, PluginError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(source) => return Err(PluginError::Inspect { path: path.to_path_buf(), source }),
     }
+    // The socket is bound and made 0600 under a hidden name, then renamed into place, so
+    // it appears only once it is listening and private: a client that connects as soon as
+    // it sees the file (the kubelet's plugin watcher) is never refused. The watcher ignores
+    // names starting with '.'. A path too long for the hidden name is bound in place.
+    let hidden = hidden_name(path).filter(|h| h.as_os_str().len() <= MAX_SOCKET_PATH);
+    let at = hidden.as_deref().unwrap_or(path);
+    if hidden.is_some() && fs::symlink_metadata(at).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = fs::remove_file(at);
+    }
     // Until the chmod below the socket has the umask's mode; its directory (0750, or the
     // kubelet's own) keeps other users out in the meantime.
-    let listener = UnixListener::bind(path).map_err(|source| PluginError::Bind { path: path.to_path_buf(), source })?;
-    let bound = (|| {
-        fs::set_permissions(path, Permissions::from_mode(0o600))?;
-        fs::symlink_metadata(path)
-    })();
-    match bound {
+    let listener = UnixListener::bind(at).map_err(|source| PluginError::Bind { path: path.to_path_buf(), source })?;
+    if let Err(source) = fs::set_permissions(at, Permissions::from_mode(0o600)) {
+        let _ = fs::remove_file(at);
+        return Err(PluginError::Chmod { path: path.to_path_buf(), source });
+    }
+    if at != path
+        && let Err(source) = fs::rename(at, path)
+    {
+        let _ = fs::remove_file(at);
+        return Err(PluginError::Bind { path: path.to_path_buf(), source });
+    }
+    match fs::symlink_metadata(path) {
         Ok(meta) => {
             Ok(BoundSocket { path: path.to_path_buf(), listener, file: FileId { dev: meta.dev(), ino: meta.ino() } })
         }
@@ -90,6 +106,12 @@ pub(crate) fn bind(path: &Path) -> Result<BoundSocket, PluginError> {
             Err(PluginError::Chmod { path: path.to_path_buf(), source })
         }
     }
+}
+
+/// `<dir>/.<name>~`: where a socket is bound before it is renamed to `path`.
+fn hidden_name(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    Some(path.with_file_name(format!(".{name}~")))
 }
 
 /// Removes the socket file at `path` if it is still the one this process bound.

@@ -6,7 +6,8 @@
 //! opaque configs, record PrepareStarted (durable, taking the devices exclusively), write the
 //! CDI spec atomically, record PrepareCompleted (durable) and answer with the CDI IDs.
 //! Unprepare works from the store alone. Claims in one call run concurrently, each claim
-//! UID serialised by its own lock. Recovery at start is in [`recover`].
+//! UID serialised by its own lock, which blocking work keeps until it ends even when the
+//! kubelet cancels the call. Recovery at start is in [`recover`].
 
 pub mod cdi;
 pub mod cdi_validate;
@@ -310,7 +311,9 @@ impl Preparer {
         if !cdi::is_valid_uid(&claim.uid) {
             return Err(PrepareError::InvalidUid { uid: claim.uid });
         }
-        let _guard = self.inner.locks.lock(&claim.uid).await;
+        // Blocking work goes on when the kubelet cancels the call and this future is
+        // dropped, so each blocking task holds the claim's lock too, until it ends.
+        let guard = Arc::new(self.inner.locks.lock(&claim.uid).await);
         let store = self.inner.store.clone();
         let uid = claim.uid.clone();
         if let Some(rec) = blocking(move || store.claim(&uid)).await??
@@ -320,7 +323,12 @@ impl Preparer {
                 tracing::info!(claim.uid = %rec.uid, path = %rec.cdi_spec_path.display(), "re-writing a missing CDI spec");
                 let this = self.clone();
                 let r = rec.clone();
-                blocking(move || this.write_spec_of(&r)).await??;
+                let held = guard.clone();
+                blocking(move || {
+                    let _held = held;
+                    this.write_spec_of(&r)
+                })
+                .await??;
             }
             tracing::debug!(claim.uid = %rec.uid, "claim already prepared; answered from state");
             return Ok(answer(&rec));
@@ -340,7 +348,12 @@ impl Preparer {
             boot_id: self.inner.boot_id.clone(),
         };
         let this = self.clone();
-        let done = blocking(move || this.apply(record)).await??;
+        let held = guard.clone();
+        let done = blocking(move || {
+            let _held = held;
+            this.apply(record)
+        })
+        .await??;
         tracing::info!(claim.uid = %done.uid, devices = done.devices.len(), "claim prepared");
         Ok(answer(&done))
     }
@@ -371,9 +384,14 @@ impl Preparer {
     }
 
     async fn unprepare_one(&self, claim: ClaimRef) -> Result<(), PrepareError> {
-        let _guard = self.inner.locks.lock(&claim.uid).await;
+        let guard = self.inner.locks.lock(&claim.uid).await;
         let this = self.clone();
-        blocking(move || this.release(&claim.uid)).await?
+        // Held by the blocking task: it outlives this future if the call is cancelled.
+        blocking(move || {
+            let _held = guard;
+            this.release(&claim.uid)
+        })
+        .await?
     }
 
     /// Removes a claim's spec and record (blocking I/O); unknown UIDs are fine.

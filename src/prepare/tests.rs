@@ -353,6 +353,8 @@ async fn time_slicing_is_refused_per_claim_for_now() {
     assert!(f.preparer.store().holder("gpu-0").unwrap().is_none());
 }
 
+#[path = "tests_cancel.rs"]
+mod cancel;
 #[path = "tests_recovery.rs"]
 mod recovery;
 #[path = "tests_cdi.rs"]

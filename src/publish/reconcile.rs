@@ -6,8 +6,11 @@
 //! preconditions, updates, creates. Its own writes update the in-memory view at once, so
 //! their watch echoes cause no further writes; at steady state it makes none. A slice
 //! deleted by the kubelet or edited by someone else is repaired after a short debounce.
+//! Before creating slices it re-reads the Node, so a Node deleted and registered again
+//! (which takes the slices with it) gets slices owned by its new uid.
 //! Errors are retried with jittered backoff; a Forbidden answer is logged with the
-//! server's message and what to fix. Shutting down never deletes slices.
+//! server's message and what to fix. Shutting down never deletes slices and does not wait
+//! for a write in flight (the next start adopts whatever it left).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -134,15 +137,41 @@ impl Publisher {
                         self.report(true, inventory.devices.len(), writes, None);
                         continue;
                     }
-                    info!(
-                        generation = p.generation,
-                        deletes = p.deletes.len(),
-                        updates = p.updates.len(),
-                        creates = p.creates.len(),
-                        "publishing ResourceSlices"
-                    );
+                    // Writes can hang as long as the request timeout; shutting down must not.
+                    let work = async {
+                        // Slices are missing: the Node may have been deleted (taking them with
+                        // it) and registered again under a new uid the owner reference must name.
+                        let refreshed = if p.creates.is_empty() { Ok(false) } else { self.refresh_owner().await };
+                        match refreshed {
+                            Ok(true) => None,
+                            Ok(false) => {
+                                info!(
+                                    generation = p.generation,
+                                    deletes = p.deletes.len(),
+                                    updates = p.updates.len(),
+                                    creates = p.creates.len(),
+                                    "publishing ResourceSlices"
+                                );
+                                Some(self.apply(&p, &mut observed).await)
+                            }
+                            Err(e) => Some((0, Err(e))),
+                        }
+                    };
+                    let stop = async {
+                        if shutdown.wait_for(|stop| *stop).await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    };
+                    let outcome = tokio::select! {
+                        outcome = work => outcome,
+                        _ = stop => break,
+                    };
+                    let Some((n, result)) = outcome else {
+                        // The owner changed: plan again with it.
+                        deadline = Some(tokio::time::Instant::now());
+                        continue;
+                    };
                     min_generation = min_generation.max(p.generation);
-                    let (n, result) = self.apply(&p, &mut observed).await;
                     writes += n;
                     match result {
                         Ok(()) => {
@@ -162,6 +191,20 @@ impl Publisher {
             }
         }
         debug!("publisher stopped; slices stay published");
+    }
+
+    /// Re-reads the Node; `true` if its uid changed (the owner references must follow).
+    async fn refresh_owner(&mut self) -> Result<bool, kube::Error> {
+        if self.node.uid.is_none() {
+            return Ok(false);
+        }
+        let uid = self.client.get_node(&self.node.name).await?.metadata.uid;
+        if uid.is_none() || uid == self.node.uid {
+            return Ok(false);
+        }
+        info!(node = %self.node.name, old = ?self.node.uid, new = ?uid, "the Node was re-created; slices will name its new uid");
+        self.node.uid = uid;
+        Ok(true)
     }
 
     fn report(&self, in_sync: bool, devices: usize, writes: u64, last_error: Option<String>) {

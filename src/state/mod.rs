@@ -71,12 +71,17 @@ pub enum StateError {
         source: RecordError,
     },
     /// A device is already held by another claim.
-    #[error("device {device} is already prepared for claim {holder}; unprepare that claim first (delete its pod)")]
+    #[error(
+        "device {device} is already prepared for claim {}UID {holder}; unprepare that claim first (delete its pod)",
+        .holder_name.as_ref().map(|n| format!("{n}, ")).unwrap_or_default()
+    )]
     DeviceHeld {
         /// The device.
         device: String,
         /// The claim UID holding it.
         holder: String,
+        /// `namespace/name` of that claim, when its record is readable.
+        holder_name: Option<String>,
     },
     /// A read or a transaction failed.
     #[error("cannot {op} in edra's state database")]
@@ -228,9 +233,14 @@ impl Store {
             for d in record.held_devices() {
                 match devices.get(d.as_bytes())? {
                     Some(holder) if holder.as_ref() != uid => {
+                        let holder_name = claims
+                            .get(&holder)?
+                            .and_then(|b| record::decode_claim(&b).ok())
+                            .map(|r| format!("{}/{}", r.namespace, r.name));
                         return Err(ConflictableTransactionError::Abort(StateError::DeviceHeld {
                             device: d.to_string(),
                             holder: String::from_utf8_lossy(&holder).into_owned(),
+                            holder_name,
                         }));
                     }
                     _ => {

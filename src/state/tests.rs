@@ -57,8 +57,8 @@ fn exclusive_devices_name_the_holder_and_admin_access_is_exempt() {
     let s = Store::open(tmp.path()).unwrap();
     s.put_claim(&record("u1", vec![device("gpu-0", false)])).unwrap();
     let err = s.put_claim(&record("u2", vec![device("gpu-1", false), device("gpu-0", false)])).unwrap_err();
-    assert!(matches!(&err, StateError::DeviceHeld { device, holder } if device == "gpu-0" && holder == "u1"));
-    assert!(err.to_string().contains("claim u1"), "{err}");
+    assert!(matches!(&err, StateError::DeviceHeld { device, holder, .. } if device == "gpu-0" && holder == "u1"));
+    assert!(err.to_string().contains("claim ns/claim-u1, UID u1"), "{err}");
     // The failed transaction left nothing behind.
     assert!(s.claim("u2").unwrap().is_none());
     assert!(s.holder("gpu-1").unwrap().is_none());

@@ -2,6 +2,7 @@
 //! Unix sockets, real sled on temp dirs, the real nvml-wrapper loading a stand-in library.
 //! One test binary (modules below) keeps link time down.
 
+mod agent;
 mod apiserver_selftest;
 mod cli_inventory;
 mod doctor;

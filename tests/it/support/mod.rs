@@ -1,6 +1,7 @@
 //! Test doubles and helpers shared by the integration tests and the benchmarks.
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod apiserver;
 pub mod kubelet;
 pub mod nvml;

@@ -1,0 +1,10 @@
+//! End-to-end tests of the assembled agent (`edra::app::run`, and `edra run` as a child
+//! process): publishing against the test API server with the node authorizer, claim
+//! preparation through the kubelet's gRPC API, offline operation, and crash consistency
+//! at every failpoint of prepare and unprepare. The harness is `support::agent`.
+
+mod crash;
+mod offline;
+mod pool;
+mod preparing;
+mod publishing;

@@ -1,0 +1,255 @@
+//! Crash consistency of the real `edra run` binary: the process is aborted at each
+//! failpoint of prepare and unprepare (`FAILPOINT_EDRA`), or killed with SIGKILL during a
+//! burst of prepares, then restarted without failpoints. After the restart, prepare and
+//! unprepare must succeed, exactly one spec file per prepared claim must exist, and after
+//! unprepare nothing may be left: no spec files, no records, no device holdings.
+
+use std::time::Duration;
+
+use edra::plugin::ClaimRef;
+use edra::state::{Phase, Store};
+
+use crate::support::agent::{ChildAgent, Cluster, GPUS, NodeFs, WAIT, prepare, prepare_ok, unprepare, unprepare_ok};
+
+/// Opens the state of a stopped agent and asserts it holds no claims and no devices.
+fn assert_state_empty(fs: &NodeFs) {
+    let store = Store::open(&fs.state_dir()).expect("open the state of the stopped agent");
+    assert_eq!(store.claims().expect("read claims"), Vec::new(), "claim records left");
+    for i in 0..GPUS {
+        assert_eq!(store.holder(&format!("gpu-{i}")).expect("read holder"), None, "gpu-{i} still held");
+    }
+}
+
+/// Waits for the aborted child, asserts it died by a signal.
+async fn assert_died(child: &mut ChildAgent, point: &str) {
+    let status = child.wait_exit().await;
+    assert!(!status.success() && status.code().is_none(), "edra should abort at {point}, exited with {status}");
+}
+
+/// After the crash and a restart: the claim prepares, has exactly one spec, unprepares,
+/// and a second claim for the same device prepares too (no holding left behind).
+async fn converge(cluster: &Cluster, claim: &ClaimRef, other: &ClaimRef) {
+    let fs = cluster.fs();
+    let child = ChildAgent::start(cluster, "").await;
+    let mut v1 = child.v1().await;
+    let ids = prepare_ok(&mut v1, claim).await;
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(fs.spec_files(), [fs.spec_file(&claim.uid)], "exactly one spec file");
+    assert_eq!(prepare_ok(&mut v1, claim).await, ids, "the completed claim answers the same");
+    unprepare_ok(&mut v1, claim).await;
+    assert!(fs.spec_files().is_empty(), "spec files left: {:?}", fs.spec_files());
+    prepare_ok(&mut v1, other).await;
+    unprepare_ok(&mut v1, other).await;
+    assert!(fs.spec_files().is_empty());
+    child.terminate().await;
+    assert_state_empty(&fs);
+}
+
+/// The phase of `uid`'s record in the state of a stopped agent, if any.
+fn phase_of(fs: &NodeFs, uid: &str) -> Option<Phase> {
+    let store = Store::open(&fs.state_dir()).expect("open the state of the stopped agent");
+    store.claim(uid).expect("read the claim record").map(|r| r.phase)
+}
+
+/// What the crash left: the record's phase and whether the spec file exists.
+type Left = (Option<Phase>, bool);
+
+async fn crash_in_prepare(point: &str, left: Left) {
+    let cluster = Cluster::start().await;
+    let fs = cluster.fs();
+    let claim = cluster.allocated_claim("victim", "gpu-0");
+    let other = cluster.allocated_claim("next", "gpu-0");
+    let mut child = ChildAgent::start(&cluster, point).await;
+    let mut v1 = child.v1().await;
+    let outcome = prepare(&mut v1, std::slice::from_ref(&claim)).await;
+    assert!(outcome.is_err(), "prepare should fail when edra dies at {point}: {outcome:?}");
+    assert_died(&mut child, point).await;
+    assert_eq!((phase_of(&fs, &claim.uid), fs.spec_file(&claim.uid).exists()), left, "left by a crash at {point}");
+    if left.0 == Some(Phase::PrepareCompleted) {
+        // Durable: the restarted agent answers from its state, without the API server.
+        let mark = cluster.server.request_mark();
+        let restarted = ChildAgent::start(&cluster, "").await;
+        prepare_ok(&mut restarted.v1().await, &claim).await;
+        let claim_reads =
+            cluster.server.requests()[mark..].iter().filter(|r| r.path.contains("/resourceclaims/")).count();
+        assert_eq!(claim_reads, 0, "a completed prepare is answered from the state store");
+        restarted.terminate().await;
+    } else {
+        // Rolled back at start: no spec until the kubelet retries.
+        let restarted = ChildAgent::start(&cluster, "").await;
+        assert!(fs.spec_files().is_empty(), "recovery rolls back: {:?}", fs.spec_files());
+        restarted.terminate().await;
+        assert_eq!(phase_of(&fs, &claim.uid), None, "recovery removes the interrupted record");
+    }
+    converge(&cluster, &claim, &other).await;
+}
+
+async fn crash_in_unprepare(point: &str, left: Left) {
+    let cluster = Cluster::start().await;
+    let claim = cluster.allocated_claim("victim", "gpu-0");
+    let other = cluster.allocated_claim("next", "gpu-0");
+    let mut child = ChildAgent::start(&cluster, point).await;
+    let mut v1 = child.v1().await;
+    prepare_ok(&mut v1, &claim).await;
+    let outcome = unprepare(&mut v1, std::slice::from_ref(&claim)).await;
+    assert!(outcome.is_err(), "unprepare should fail when edra dies at {point}: {outcome:?}");
+    assert_died(&mut child, point).await;
+    let fs = cluster.fs();
+    assert_eq!((phase_of(&fs, &claim.uid), fs.spec_file(&claim.uid).exists()), left, "left by a crash at {point}");
+    // The kubelet retries the unprepare first, then (for a new pod) may prepare again.
+    let restarted = ChildAgent::start(&cluster, "").await;
+    let kept = usize::from(left.0.is_some());
+    assert_eq!(fs.spec_files().len(), kept, "recovery re-writes the spec of a kept record, removes nothing else");
+    let mut v1 = restarted.v1().await;
+    unprepare_ok(&mut v1, &claim).await;
+    assert!(fs.spec_files().is_empty(), "spec files left: {:?}", fs.spec_files());
+    restarted.terminate().await;
+    assert_state_empty(&fs);
+    converge(&cluster, &claim, &other).await;
+}
+
+#[tokio::test]
+async fn crash_after_prepare_started() {
+    crash_in_prepare("prepare-after-started", (Some(Phase::PrepareStarted), false)).await;
+}
+
+#[tokio::test]
+async fn crash_after_cdi_write() {
+    crash_in_prepare("prepare-after-cdi-write", (Some(Phase::PrepareStarted), true)).await;
+}
+
+#[tokio::test]
+async fn crash_before_prepare_completed() {
+    crash_in_prepare("prepare-before-completed", (Some(Phase::PrepareStarted), true)).await;
+}
+
+#[tokio::test]
+async fn crash_after_prepare_completed() {
+    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true)).await;
+}
+
+#[tokio::test]
+async fn crash_after_unprepare_removed_the_spec() {
+    crash_in_unprepare("unprepare-after-cdi-remove", (Some(Phase::PrepareCompleted), false)).await;
+}
+
+#[tokio::test]
+async fn crash_after_unprepare_removed_the_record() {
+    crash_in_unprepare("unprepare-after-record-remove", (None, false)).await;
+}
+
+#[test]
+fn every_failpoint_is_covered() {
+    let covered = [
+        "prepare-after-started",
+        "prepare-after-cdi-write",
+        "prepare-before-completed",
+        "prepare-after-completed",
+        "unprepare-after-cdi-remove",
+        "unprepare-after-record-remove",
+    ];
+    assert_eq!(edra::prepare::failpoint::POINTS, covered);
+}
+
+#[tokio::test]
+async fn sigkill_during_a_burst_of_prepares_converges() {
+    let cluster = Cluster::start().await;
+    let fs = cluster.fs();
+    let claims: Vec<ClaimRef> =
+        (0..GPUS).map(|i| cluster.allocated_claim(&format!("burst-{i}"), &format!("gpu-{i}"))).collect();
+    for round in 0..4 {
+        let mut child = ChildAgent::start(&cluster, "").await;
+        let mark = cluster.server.request_mark();
+        let calls: Vec<_> = claims
+            .iter()
+            .map(|c| {
+                let socket = fs.dra_socket();
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut v1 = crate::support::kubelet::dra_v1(&socket).await;
+                    prepare(&mut v1, &[c]).await
+                })
+            })
+            .collect();
+        // Kill once a random number of the claims have been fetched, i.e. while prepares
+        // are in progress, plus up to 5 ms at random.
+        let fetched = fastrand::usize(1..=claims.len());
+        cluster
+            .server
+            .wait_for("claim fetches", WAIT, |s| {
+                s.requests()[mark..].iter().filter(|r| r.path.contains("/resourceclaims/")).count() >= fetched
+            })
+            .await
+            .expect("the agent fetches the claims");
+        tokio::time::sleep(Duration::from_micros(fastrand::u64(0..5_000))).await;
+        child.kill().await;
+        let finished = futures_util::future::join_all(calls).await;
+        let answered = finished.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+        let phases: Vec<_> = {
+            let store = Store::open(&fs.state_dir()).expect("open the state after SIGKILL");
+            store.claims().expect("read claims").into_iter().map(|r| r.phase).collect()
+        };
+        eprintln!(
+            "round {round}: SIGKILL after {fetched} fetches; {answered} of {} answered; records left {phases:?}; spec files {}",
+            claims.len(),
+            fs.spec_files().len()
+        );
+
+        let child = ChildAgent::start(&cluster, "").await;
+        let mut v1 = child.v1().await;
+        let answer = prepare(&mut v1, &claims).await.expect("NodePrepareResources after restart");
+        for c in &claims {
+            assert_eq!(answer[&c.uid].error, "", "round {round}: {}", c.name);
+            assert_eq!(answer[&c.uid].devices.len(), 1);
+        }
+        let mut want: Vec<_> = claims.iter().map(|c| fs.spec_file(&c.uid)).collect();
+        want.sort();
+        assert_eq!(fs.spec_files(), want, "round {round}: one spec per claim");
+        let released = unprepare(&mut v1, &claims).await.expect("NodeUnprepareResources");
+        assert!(released.values().all(String::is_empty), "{released:?}");
+        assert!(fs.spec_files().is_empty());
+        child.terminate().await;
+        assert_state_empty(&fs);
+    }
+}
+
+fn dir_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read a socket directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn a_restart_after_sigkill_replaces_stale_sockets() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = Cluster::start().await;
+    let fs = cluster.fs();
+    let mut child = ChildAgent::start(&cluster, "").await;
+    child.kill().await;
+    let registry = fs.registration_socket().parent().expect("registry dir").to_path_buf();
+    let plugin_dir = fs.dra_socket().parent().expect("plugin dir").to_path_buf();
+    // Left by a process killed between binding and renaming a socket into place.
+    let hidden =
+        registry.join(format!(".{}~", fs.registration_socket().file_name().and_then(|n| n.to_str()).expect("name")));
+    drop(std::os::unix::net::UnixListener::bind(&hidden).expect("bind a stale hidden socket"));
+    assert!(fs.registration_socket().exists() && fs.dra_socket().exists(), "SIGKILL leaves the sockets");
+
+    let child = ChildAgent::start(&cluster, "").await;
+    assert_eq!(dir_names(&registry), ["gpu.edra.dev-reg.sock"]);
+    assert_eq!(dir_names(&plugin_dir), ["dra.sock"]);
+    for socket in [fs.registration_socket(), fs.dra_socket()] {
+        let mode = std::fs::metadata(&socket).expect("socket").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", socket.display());
+    }
+    let claim = cluster.allocated_claim("after-restart", "gpu-1");
+    let mut v1 = child.v1().await;
+    prepare_ok(&mut v1, &claim).await;
+    unprepare_ok(&mut v1, &claim).await;
+    child.terminate().await;
+    assert!(dir_names(&registry).is_empty(), "{:?}", dir_names(&registry));
+    assert!(dir_names(&plugin_dir).is_empty(), "{:?}", dir_names(&plugin_dir));
+}

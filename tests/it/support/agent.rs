@@ -1,0 +1,473 @@
+//! The assembled agent for end-to-end tests: a test API server with node "n1" and the
+//! node authorizer, a node filesystem in a temp dir (kubelet, CDI, state, /dev, /proc,
+//! /sys, driver root), a configuration file pointing at all of it, and `edra::app::run`
+//! on a task (or the real `edra run` binary as a child process, see [`ChildAgent`]),
+//! registered with the kubelet client the way the kubelet does it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use edra::app::AppError;
+use edra::config::{Config, LoadContext, Overrides};
+use edra::plugin::ClaimRef;
+use edra::plugin::proto::dra_v1 as v1;
+use edra::plugin::proto::dra_v1::dra_plugin_client::DraPluginClient as V1Client;
+use edra::plugin::proto::registration::{InfoRequest, RegistrationStatus};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+use super::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, TestApiServer};
+use super::kubelet;
+
+pub const DRIVER: &str = "gpu.edra.dev";
+pub const NODE: &str = "n1";
+/// Mock GPUs on the node: `gpu-0` … `gpu-3`.
+pub const GPUS: usize = 4;
+/// Upper bound of every wait in these tests; a failure says what was awaited.
+pub const WAIT: Duration = Duration::from_secs(15);
+/// Poll interval of file-system conditions (socket files appearing, processes exiting).
+const POLL: Duration = Duration::from_millis(10);
+
+/// Polls `cond` every 10 ms until it holds; panics naming `what` after `timeout`.
+pub async fn poll_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The test API server plus one node's filesystem and credentials.
+pub struct Cluster {
+    pub server: TestApiServer,
+    pub node_uid: String,
+    pub dir: tempfile::TempDir,
+    pub kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    /// A v1 server with the node authorizer, Node "n1", and a `system:node:n1` kubeconfig.
+    pub async fn start() -> Cluster {
+        Self::start_with(Options::default()).await
+    }
+
+    /// Like [`Cluster::start`] with other server options (the node authorizer stays on).
+    pub async fn start_with(options: Options) -> Cluster {
+        let server = TestApiServer::start(Options { node_authorizer: true, ..options })
+            .await
+            .expect("start the test API server");
+        let node_uid = server.add_node(NODE);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let kubeconfig = server.write_kubeconfig(dir.path(), &Identity::node(NODE)).expect("write kubeconfig");
+        NodeFs::create(&dir.path().join("node"));
+        Cluster { server, node_uid, dir, kubeconfig }
+    }
+
+    /// The node's filesystem layout.
+    pub fn fs(&self) -> NodeFs {
+        NodeFs { root: self.dir.path().join("node") }
+    }
+
+    /// The configuration file for node `node` (written on each call), as `edra run
+    /// --config` reads it.
+    pub fn config_file(&self, node: &str) -> PathBuf {
+        self.config_file_with(node, &format!("gpus = {GPUS}"))
+    }
+
+    /// Like [`Cluster::config_file`] with `mock` as the body of the `[mock]` section.
+    pub fn config_file_with(&self, node: &str, mock: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("edra-{node}.toml"));
+        std::fs::write(&path, self.fs().toml(node, &self.kubeconfig, mock)).expect("write the configuration file");
+        path
+    }
+
+    /// The configuration of an agent on `node` with this cluster's node-n1 credentials.
+    pub fn config(&self, node: &str) -> Config {
+        self.config_with(node, &format!("gpus = {GPUS}"))
+    }
+
+    /// Like [`Cluster::config`] with `mock` as the body of the `[mock]` section.
+    pub fn config_with(&self, node: &str, mock: &str) -> Config {
+        let ctx = LoadContext {
+            explicit_file: Some(self.config_file_with(node, mock)),
+            default_file: self.dir.path().join("absent.toml"),
+            env: Vec::new(),
+            overrides: Overrides::default(),
+            hostname: Some(NODE.into()),
+        };
+        match Config::load(&ctx) {
+            Ok(c) => c,
+            Err(problems) => panic!("test configuration is invalid: {problems:?}"),
+        }
+    }
+
+    /// Puts an allocated claim for `device` of this driver in pool `n1` that a pod on n1
+    /// uses; returns the kubelet's reference to it.
+    pub fn allocated_claim(&self, name: &str, device: &str) -> ClaimRef {
+        self.put_claim(ClaimBuilder::new("default", name).allocated(AllocatedDevice::new("gpu", DRIVER, NODE, device)))
+    }
+
+    /// Stores the claim built by `builder` on node n1 and returns its reference.
+    pub fn put_claim(&self, builder: ClaimBuilder) -> ClaimRef {
+        let stored = self.server.put_claim(builder.on_node(NODE).build());
+        let text = |v: &Value| v.as_str().expect("stored claim has metadata").to_owned();
+        let claim = ClaimRef {
+            namespace: text(&stored["metadata"]["namespace"]),
+            name: text(&stored["metadata"]["name"]),
+            uid: text(&stored["metadata"]["uid"]),
+        };
+        self.server.mark_claim_on_node(&claim.namespace, &claim.name, NODE);
+        claim
+    }
+
+    /// The slices of `node`, ordered by name.
+    pub fn slices_on(&self, node: &str) -> Vec<Value> {
+        self.server.with_state(|s| s.slices_on(node))
+    }
+
+    /// Waits until `node`'s pool is published with `devices` devices.
+    pub async fn wait_published(&self, node: &str, devices: usize) {
+        self.server
+            .wait_for(&format!("{devices} published devices on {node}"), WAIT, |s| {
+                published_devices(&s.slices_on(node)) == devices
+            })
+            .await
+            .expect("slices published");
+    }
+}
+
+/// Device names across `slices`, sorted.
+pub fn device_names(slices: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .filter_map(|d| d["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+fn published_devices(slices: &[Value]) -> usize {
+    device_names(slices).len()
+}
+
+/// Slice names, sorted.
+pub fn slice_names(slices: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> =
+        slices.iter().filter_map(|s| s["metadata"]["name"].as_str().map(str::to_owned)).collect();
+    names.sort();
+    names
+}
+
+/// A node's filesystem under one root.
+#[derive(Debug, Clone)]
+pub struct NodeFs {
+    pub root: PathBuf,
+}
+
+impl NodeFs {
+    fn create(root: &Path) -> NodeFs {
+        let fs = NodeFs { root: root.to_path_buf() };
+        for d in ["kubelet/plugins", "kubelet/plugins_registry", "cdi/static", "cdi/dynamic", "state", "driver", "sys"]
+        {
+            std::fs::create_dir_all(root.join(d)).expect("create node directory");
+        }
+        std::fs::create_dir_all(root.join("dev")).expect("create /dev");
+        for node in ["nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia2", "nvidia3"] {
+            std::fs::write(root.join("dev").join(node), b"").expect("create a device node stand-in");
+        }
+        let boot = root.join("proc/sys/kernel/random");
+        std::fs::create_dir_all(&boot).expect("create /proc");
+        std::fs::write(boot.join("boot_id"), "7d0c1b7e-54cd-4e0e-9b39-0c8f5f0a3a11\n").expect("write boot_id");
+        fs
+    }
+
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.root.join("cdi/dynamic")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.root.join("state")
+    }
+
+    pub fn dra_socket(&self) -> PathBuf {
+        self.root.join("kubelet/plugins").join(DRIVER).join("dra.sock")
+    }
+
+    pub fn registration_socket(&self) -> PathBuf {
+        self.root.join("kubelet/plugins_registry").join(format!("{DRIVER}-reg.sock"))
+    }
+
+    /// edra's claim spec files in the dynamic CDI directory, sorted.
+    pub fn spec_files(&self) -> Vec<PathBuf> {
+        let prefix = format!("k8s.{DRIVER}-");
+        let mut out: Vec<PathBuf> = std::fs::read_dir(self.cdi_dir())
+            .expect("read the CDI directory")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(&prefix))
+            .map(|e| e.path())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The spec file of claim `uid`.
+    pub fn spec_file(&self, uid: &str) -> PathBuf {
+        self.cdi_dir().join(format!("k8s.{DRIVER}-claim_{uid}.json"))
+    }
+
+    fn toml(&self, node: &str, kubeconfig: &Path, mock: &str) -> String {
+        let s = |p: PathBuf| toml::Value::String(p.display().to_string()).to_string();
+        let r = |rel: &str| s(self.root.join(rel));
+        format!(
+            "node_name = \"{node}\"\nbackend = \"mock\"\n\
+             [kubernetes]\nkubeconfig = {kc}\n\
+             [kubelet]\nroot_dir = {kubelet}\nplugins_dir = {plugins}\nregistry_dir = {registry}\n\
+             [cdi]\nspec_dirs = [{static_}, {dynamic}]\ndynamic_dir = {dynamic}\n\
+             [paths]\nstate_dir = {state}\ndriver_root = {driver}\ndev_root = {dev}\nproc_root = {proc}\nsys_root = {sys}\n\
+             [plugin]\nshutdown_grace = \"2s\"\n\
+             [mock]\n{mock}\n",
+            kc = s(kubeconfig.to_path_buf()),
+            kubelet = r("kubelet"),
+            plugins = r("kubelet/plugins"),
+            registry = r("kubelet/plugins_registry"),
+            static_ = r("cdi/static"),
+            dynamic = r("cdi/dynamic"),
+            state = r("state"),
+            driver = r("driver"),
+            dev = r("dev"),
+            proc = r("proc"),
+            sys = r("sys"),
+        )
+    }
+}
+
+/// Connects to the registration socket and registers the way the kubelet does.
+pub async fn register(fs: &NodeFs) {
+    let mut client = kubelet::registration(&fs.registration_socket()).await;
+    let info = client.get_info(InfoRequest {}).await.expect("GetInfo").into_inner();
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(Path::new(&info.endpoint), fs.dra_socket());
+    client
+        .notify_registration_status(RegistrationStatus { plugin_registered: true, error: String::new() })
+        .await
+        .expect("NotifyRegistrationStatus");
+}
+
+/// `edra::app::run` on a task.
+pub struct Agent {
+    pub fs: NodeFs,
+    shutdown: watch::Sender<bool>,
+    task: Option<JoinHandle<Result<(), AppError>>>,
+}
+
+impl Agent {
+    /// Starts the agent with `config`, waits for its registration socket and registers.
+    pub async fn start(fs: NodeFs, config: Config) -> Agent {
+        let (shutdown, rx) = watch::channel(false);
+        let task = tokio::spawn(edra::app::run(config, rx));
+        let mut agent = Agent { fs, shutdown, task: Some(task) };
+        let socket = agent.fs.registration_socket();
+        let start = Instant::now();
+        while !socket.exists() {
+            if agent.task.as_ref().is_some_and(JoinHandle::is_finished) {
+                let task = agent.task.take().expect("task present");
+                panic!("the agent stopped before serving the kubelet: {:?}", task.await);
+            }
+            assert!(start.elapsed() < WAIT, "timed out after {WAIT:?} waiting for {}", socket.display());
+            tokio::time::sleep(POLL).await;
+        }
+        register(&agent.fs).await;
+        agent
+    }
+
+    /// A DRAPlugin v1 client on the agent's DRA socket.
+    pub async fn v1(&self) -> V1Client<Channel> {
+        kubelet::dra_v1(&self.fs.dra_socket()).await
+    }
+
+    /// Whether the agent's task is still running.
+    pub fn is_running(&self) -> bool {
+        self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Shuts down through the watch channel; asserts a clean stop and removed sockets.
+    pub async fn stop(mut self) {
+        self.shutdown.send_replace(true);
+        let task = self.task.take().expect("agent running");
+        let result = tokio::time::timeout(WAIT, task).await.expect("the agent stops within the grace period");
+        match result {
+            Ok(Ok(())) => {}
+            other => panic!("the agent did not stop cleanly: {other:?}"),
+        }
+        assert!(!self.fs.dra_socket().exists(), "DRA socket left behind");
+        assert!(!self.fs.registration_socket().exists(), "registration socket left behind");
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The real `edra run` binary as a child process (killed when dropped).
+pub struct ChildAgent {
+    pub child: tokio::process::Child,
+    pub fs: NodeFs,
+}
+
+impl ChildAgent {
+    /// Spawns `edra --config <file> run` with `failpoints` in FAILPOINT_EDRA, waits for
+    /// its registration socket and registers. Sockets a killed agent left behind stay in
+    /// place: the new one must replace them, and only a new socket file counts.
+    pub async fn start(cluster: &Cluster, failpoints: &str) -> ChildAgent {
+        use std::os::unix::fs::MetadataExt;
+        let fs = cluster.fs();
+        let socket = fs.registration_socket();
+        // Inode numbers are reused at once; with the change time they identify the file.
+        let id = |m: std::fs::Metadata| (m.ino(), m.ctime(), m.ctime_nsec());
+        let stale = std::fs::metadata(&socket).ok().map(id);
+        let is_new = || std::fs::metadata(&socket).is_ok_and(|m| Some(id(m)) != stale);
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_edra"));
+        cmd.arg("--config")
+            .arg(cluster.config_file(NODE))
+            .arg("run")
+            .env_remove("KUBECONFIG")
+            .env("EDRA_LOG_LEVEL", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if failpoints.is_empty() {
+            cmd.env_remove(edra::prepare::failpoint::ENV);
+        } else {
+            cmd.env(edra::prepare::failpoint::ENV, failpoints);
+        }
+        let mut child = cmd.spawn().expect("spawn edra run");
+        let start = Instant::now();
+        while !is_new() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("edra run exited with {status} before serving the kubelet");
+            }
+            assert!(start.elapsed() < WAIT, "timed out after {WAIT:?} waiting for {}", socket.display());
+            tokio::time::sleep(POLL).await;
+        }
+        register(&fs).await;
+        ChildAgent { child, fs }
+    }
+
+    /// A DRAPlugin v1 client on the child's DRA socket.
+    pub async fn v1(&self) -> V1Client<Channel> {
+        kubelet::dra_v1(&self.fs.dra_socket()).await
+    }
+
+    /// Waits for the child to exit on its own; returns its status.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(WAIT, self.child.wait()).await.expect("edra exits").expect("wait for edra")
+    }
+
+    /// SIGKILL, then reap.
+    pub async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.wait_exit().await;
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub async fn terminate(mut self) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill(2) with a pid of our own child and a valid signal number.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        }
+        let status = self.wait_exit().await;
+        assert!(status.success(), "edra run exited with {status} after SIGTERM");
+    }
+}
+
+fn v1_claims(claims: &[ClaimRef]) -> Vec<v1::Claim> {
+    claims
+        .iter()
+        .map(|c| v1::Claim { namespace: c.namespace.clone(), uid: c.uid.clone(), name: c.name.clone() })
+        .collect()
+}
+
+/// NodePrepareResources (v1); per-claim answers by UID.
+pub async fn prepare(
+    client: &mut V1Client<Channel>,
+    claims: &[ClaimRef],
+) -> Result<BTreeMap<String, v1::NodePrepareResourceResponse>, tonic::Status> {
+    let request = v1::NodePrepareResourcesRequest { claims: v1_claims(claims) };
+    client.node_prepare_resources(request).await.map(|r| r.into_inner().claims.into_iter().collect())
+}
+
+/// NodeUnprepareResources (v1); per-claim errors by UID (empty = success).
+pub async fn unprepare(
+    client: &mut V1Client<Channel>,
+    claims: &[ClaimRef],
+) -> Result<BTreeMap<String, String>, tonic::Status> {
+    let request = v1::NodeUnprepareResourcesRequest { claims: v1_claims(claims) };
+    client
+        .node_unprepare_resources(request)
+        .await
+        .map(|r| r.into_inner().claims.into_iter().map(|(uid, c)| (uid, c.error)).collect())
+}
+
+/// Prepares one claim and asserts it succeeded; returns its CDI device IDs.
+pub async fn prepare_ok(client: &mut V1Client<Channel>, claim: &ClaimRef) -> Vec<String> {
+    let answer = prepare(client, std::slice::from_ref(claim)).await.expect("NodePrepareResources");
+    let one = answer.get(&claim.uid).expect("an answer for the claim");
+    assert_eq!(one.error, "", "prepare of {} failed", claim.name);
+    one.devices.iter().flat_map(|d| d.cdi_device_ids.clone()).collect()
+}
+
+/// Unprepares one claim and asserts it succeeded.
+pub async fn unprepare_ok(client: &mut V1Client<Channel>, claim: &ClaimRef) {
+    let answer = unprepare(client, std::slice::from_ref(claim)).await.expect("NodeUnprepareResources");
+    assert_eq!(answer.get(&claim.uid).map(String::as_str), Some(""), "unprepare of {} failed", claim.name);
+}
+
+/// Log lines captured from the current thread (the test's current-thread runtime runs the
+/// agent's tasks there), for asserting what the agent reports.
+#[derive(Clone, Default)]
+pub struct CapturedLogs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLogs {
+    /// Captures `edra` events at `warn` and above on this thread until the guard drops.
+    pub fn start() -> (CapturedLogs, tracing::subscriber::DefaultGuard) {
+        let logs = CapturedLogs::default();
+        let subscriber =
+            tracing_subscriber::fmt().with_env_filter("edra=warn").with_ansi(false).with_writer(logs.clone()).finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        (logs, guard)
+    }
+
+    /// Everything captured so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
+    type Writer = CapturedLogs;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
