@@ -230,6 +230,7 @@ impl NodeFs {
              [cdi]\nspec_dirs = [{static_}, {dynamic}]\ndynamic_dir = {dynamic}\n\
              [paths]\nstate_dir = {state}\ndriver_root = {driver}\ndev_root = {dev}\nproc_root = {proc}\nsys_root = {sys}\n\
              [plugin]\nshutdown_grace = \"2s\"\n\
+             [metrics]\naddress = \"\"\n\
              [mock]\n{mock}\n",
             kc = s(kubeconfig.to_path_buf()),
             kubelet = r("kubelet"),
