@@ -84,7 +84,7 @@ pub struct Sources {
     pub service_account_dir: PathBuf,
     pub k3s_kubelet_kubeconfig: PathBuf,
     pub k3s_server_kubeconfig: PathBuf,
-    /// The environment (`KUBECONFIG`, `KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`).
+    /// The environment (`KUBECONFIG`, `HOME`, `KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`).
     pub env: BTreeMap<String, String>,
 }
 
@@ -135,6 +135,17 @@ fn resolve_inner(src: &Sources) -> Result<Credentials, Error> {
             tried.push(format!("KUBECONFIG={list}: none of its files exist"));
         }
         None => tried.push("KUBECONFIG: not set".to_string()),
+    }
+    // kubectl's default, for running edra by hand as the user who runs kubectl.
+    match src.env.get("HOME").filter(|h| !h.is_empty()) {
+        Some(home) => {
+            let path = Path::new(home).join(".kube/config");
+            if path.exists() {
+                return kubeconfig::load(std::slice::from_ref(&path), ctx);
+            }
+            tried.push(format!("{}: does not exist", path.display()));
+        }
+        None => tried.push("~/.kube/config: HOME not set".to_string()),
     }
     match in_cluster(src)? {
         Ok(creds) => return Ok(creds),

@@ -258,8 +258,13 @@ fn resolution_order_first_found_wins() {
     assert_eq!(c.server, "https://10.0.0.1:443");
     assert_eq!(c.auth, Auth::TokenFile(dp.join("sa/token")));
     assert_eq!(c.ca, Some(Pem::File(dp.join("sa/ca.crt"))));
+    let home_cfg = write(dp, "home/.kube/config", &token_config(&p, "https://home:1"));
+    let mut with_home = in_cluster.to_vec();
+    with_home.push(("HOME", dp.join("home").display().to_string()));
+    assert_eq!(resolve(&sources(dp, &with_home)).unwrap().server, "https://home:1", "~/.kube/config before in-cluster");
+    assert!(home_cfg.exists());
     let env_cfg = write(dp, "env/config", &token_config(&p, "https://env:1"));
-    let mut env = in_cluster.to_vec();
+    let mut env = with_home.to_vec();
     env.push(("KUBECONFIG", format!("{}:{}", dp.join("missing").display(), env_cfg.display())));
     assert_eq!(resolve(&sources(dp, &env)).unwrap().server, "https://env:1");
     let explicit = write(dp, "explicit", &token_config(&p, "https://explicit:1"));
