@@ -81,6 +81,27 @@ pub enum HookCommand {
     /// Refresh the container's dynamic linker cache for the GPU driver's library folders
     /// (reads the OCI container state on stdin).
     UpdateLdcache(UpdateLdcacheArgs),
+    /// Create symlinks in the container's root filesystem, such as libcuda.so → libcuda.so.1
+    /// (reads the OCI container state on stdin). Parent folders are created (0755) and
+    /// symlinks on the way are resolved inside the root filesystem, never outside it; a link
+    /// already right is left alone, others are replaced atomically.
+    CreateSymlinks(CreateSymlinksArgs),
+    /// When the host's NVIDIA driver may create device nodes (ModifyDeviceFiles: 1 in
+    /// /proc/driver/nvidia/params), mount a read-only copy saying 0 over the container's, so
+    /// NVML in the container does not create nodes for GPUs it was not given (reads the OCI
+    /// container state on stdin; enters the container's mount namespace by its pid).
+    DisableDeviceNodeModification(DisableDeviceNodeModificationArgs),
+}
+
+impl HookCommand {
+    /// The hook's name on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::UpdateLdcache(_) => "update-ldcache",
+            Self::CreateSymlinks(_) => "create-symlinks",
+            Self::DisableDeviceNodeModification(_) => "disable-device-node-modification",
+        }
+    }
 }
 
 /// Options of `edra hook update-ldcache`.
@@ -92,6 +113,24 @@ pub struct UpdateLdcacheArgs {
     /// The host's ldconfig [default: /sbin/ldconfig, /usr/sbin/ldconfig, /usr/bin/ldconfig].
     #[arg(long, value_name = "PATH")]
     pub ldconfig: Option<PathBuf>,
+}
+
+/// Options of `edra hook create-symlinks`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct CreateSymlinksArgs {
+    /// A link to create: TARGET (what the link points to, as written into it) and LINK (its
+    /// absolute path in the container, without '..'), e.g.
+    /// `libcuda.so.1::/usr/lib64/libcuda.so` (repeatable).
+    #[arg(long = "link", value_name = "TARGET::LINK")]
+    pub links: Vec<String>,
+}
+
+/// Options of `edra hook disable-device-node-modification`.
+#[derive(Debug, Args, Clone)]
+pub struct DisableDeviceNodeModificationArgs {
+    /// The host's procfs, holding driver/nvidia/params and the container's namespaces.
+    #[arg(long, value_name = "DIR", default_value = "/proc")]
+    pub proc_root: PathBuf,
 }
 
 /// Options that select the node, the cluster and the devices.
@@ -256,6 +295,7 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn set_flags_become_overrides() {
@@ -322,5 +362,22 @@ mod tests {
         };
         assert_eq!(a.folders, [PathBuf::from("/usr/lib64"), PathBuf::from("/usr/lib")]);
         assert_eq!(a.ldconfig, Some(PathBuf::from("/x")));
+    }
+
+    #[test]
+    fn hook_create_symlinks_and_device_params_parse() {
+        let cli =
+            Cli::try_parse_from(["edra", "hook", "create-symlinks", "--link", "a.so.1::/l/a.so", "--link", "b::/c"])
+                .unwrap();
+        let Command::Hook(HookArgs { command: HookCommand::CreateSymlinks(a) }) = &cli.command else {
+            panic!("expected create-symlinks")
+        };
+        assert_eq!(a.links, ["a.so.1::/l/a.so", "b::/c"]);
+        let cli = Cli::try_parse_from(["edra", "hook", "disable-device-node-modification"]).unwrap();
+        let Command::Hook(HookArgs { command: c @ HookCommand::DisableDeviceNodeModification(a) }) = &cli.command
+        else {
+            panic!("expected disable-device-node-modification")
+        };
+        assert_eq!((c.name(), a.proc_root.as_path()), ("disable-device-node-modification", Path::new("/proc")));
     }
 }

@@ -257,6 +257,9 @@ pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files
         let args = files.library_dirs.iter().flat_map(|d| ["--folder".to_string(), strip(d)]).collect();
         common.hooks.push(hook("update-ldcache", args));
     }
+    if files.modify_device_files {
+        common.hooks.push(hook("disable-device-node-modification", Vec::new()));
+    }
     let devices = devices
         .iter()
         .map(|d| CdiDevice {

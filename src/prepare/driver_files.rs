@@ -5,7 +5,9 @@
 //! the tools a GPU container expects; firmware is the GSP firmware of that version, searched
 //! where the kernel looks for it; IPC paths are the daemons' sockets and the MPS pipe folder.
 //! The library symlinks the host has (`libcuda.so.1` → `libcuda.so.<version>`) are listed
-//! so the `create-symlinks` hook recreates them in the container. Paths are host paths (under
+//! so the `create-symlinks` hook recreates them in the container, and whether the driver
+//! may create device nodes (its procfs params), which calls for the
+//! `disable-device-node-modification` hook. Paths are host paths (under
 //! the driver root); the CDI spec mounts each at the same path minus the driver root.
 //! Results are cached per driver root and version, since the files only change with a
 //! driver upgrade.
@@ -92,6 +94,9 @@ pub struct DriverFiles {
     pub firmware: Vec<PathBuf>,
     /// Daemon IPC sockets and the MPS pipe folder found (host paths).
     pub ipc_paths: Vec<PathBuf>,
+    /// The driver may create device nodes (`ModifyDeviceFiles: 1` in its procfs params),
+    /// so containers need the `disable-device-node-modification` hook.
+    pub modify_device_files: bool,
 }
 
 fn sorted_entries(dir: &Path) -> Vec<PathBuf> {
@@ -237,6 +242,8 @@ pub fn discover(root: &Path, version: &str, host: &HostRoots) -> DriverFiles {
     if std::fs::metadata(&mps).is_ok_and(|m| m.is_dir()) {
         out.ipc_paths.push(mps);
     }
+    out.modify_device_files = std::fs::read_to_string(host.proc_root.join(crate::hook::device_params::PARAMS))
+        .is_ok_and(|t| crate::hook::device_params::rewrite(&t).is_some());
     // Per file name, the first folder wins, as when the kernel loads it.
     let mut firmware_names = Vec::<String>::new();
     for dir in firmware_search_path(host) {

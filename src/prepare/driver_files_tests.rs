@@ -157,7 +157,7 @@ fn gpu() -> Device {
 }
 
 #[test]
-fn the_spec_creates_the_links_before_refreshing_the_linker_cache() {
+fn the_spec_runs_create_symlinks_update_ldcache_then_disables_node_creation() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let lib = root.join("usr/lib64");
@@ -165,16 +165,24 @@ fn the_spec_creates_the_links_before_refreshing_the_linker_cache() {
     touch(&lib.join(format!("libnvidia-ptxjitcompiler.so.{VERSION}")));
     symlink(format!("libnvidia-ptxjitcompiler.so.{VERSION}"), lib.join("libnvidia-ptxjitcompiler.so.1")).unwrap();
     let files = discover(root, VERSION, &roots(root));
+    assert!(!files.modify_device_files, "no driver params");
     let layout = cdi::SpecLayout {
         vendor: "k8s.gpu.edra.dev",
         dev_root: Path::new("/dev"),
         hook_binary: Path::new("/usr/bin/edra"),
         host_driver_root: Some(Path::new("/")),
     };
+    touch(&root.join("proc/driver/nvidia/params"));
+    std::fs::write(root.join("proc/driver/nvidia/params"), "ModifyDeviceFiles: 0\n").unwrap();
+    assert!(!discover(root, VERSION, &roots(root)).modify_device_files, "already off");
+    std::fs::write(root.join("proc/driver/nvidia/params"), "DeviceFileGID: 0\nModifyDeviceFiles: 1\n").unwrap();
+    let files = discover(root, VERSION, &roots(root));
+    assert!(files.modify_device_files);
     let spec = cdi::build_spec(&layout, "0a1b2c3d-0000-4000-8000-000000000001", &[&gpu()], &files);
     let hooks = &spec.container_edits.hooks;
     let commands: Vec<&str> = hooks.iter().map(|h| h.args[2].as_str()).collect();
-    assert_eq!(commands, ["create-symlinks", "update-ldcache"]);
+    assert_eq!(commands, ["create-symlinks", "update-ldcache", "disable-device-node-modification"]);
+    assert_eq!(hooks[2].args.len(), 3);
     assert!(hooks.iter().all(|h| h.hook_name == "createContainer" && h.path == "/usr/bin/edra"));
     assert_eq!(
         hooks[0].args[3..],
