@@ -81,15 +81,17 @@ pub enum HookCommand {
     /// Refresh the container's dynamic linker cache for the GPU driver's library folders
     /// (reads the OCI container state on stdin).
     UpdateLdcache(UpdateLdcacheArgs),
-    /// Create symlinks in the container's root filesystem, such as libcuda.so → libcuda.so.1
-    /// (reads the OCI container state on stdin). Parent folders are created (0755) and
-    /// symlinks on the way are resolved inside the root filesystem, never outside it; a link
-    /// already right is left alone, others are replaced atomically.
+    /// Create the driver's library symlinks in the container (libcuda.so → libcuda.so.1).
+    ///
+    /// Reads the OCI container state on stdin. Parent folders are created (0755); symlinks on
+    /// the way are resolved inside the container's root filesystem, never outside it. A link
+    /// already right is left alone; others are created at a temporary name and renamed.
     CreateSymlinks(CreateSymlinksArgs),
-    /// When the host's NVIDIA driver may create device nodes (ModifyDeviceFiles: 1 in
-    /// /proc/driver/nvidia/params), mount a read-only copy saying 0 over the container's, so
-    /// NVML in the container does not create nodes for GPUs it was not given (reads the OCI
-    /// container state on stdin; enters the container's mount namespace by its pid).
+    /// Keep NVML in the container from creating device nodes.
+    ///
+    /// Reads the OCI container state on stdin. When the host's /proc/driver/nvidia/params
+    /// says ModifyDeviceFiles: 1, mounts a read-only copy saying 0 over the container's,
+    /// entering the container's mount namespace through its pid; otherwise does nothing.
     DisableDeviceNodeModification(DisableDeviceNodeModificationArgs),
 }
 

@@ -11,6 +11,11 @@
 //! when a container requests only part of a claim). `NVIDIA_VISIBLE_DEVICES=void` keeps an
 //! NVIDIA runtime, if one is configured, from injecting GPUs again. Each device adds
 //! `EDRA_DEVICE_<NAME>_UUID=<uuid>` so tools can tell which GPU they were given.
+//!
+//! Hooks (`createContainer`, all run by the edra binary, in order): `create-symlinks` for
+//! the driver's library links, `update-ldcache` for the library folders, and
+//! `disable-device-node-modification` when the driver may create device nodes. Hooks need
+//! no newer `cdiVersion`.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
