@@ -86,6 +86,15 @@ pub enum HookError {
         #[source]
         source: io::Error,
     },
+    /// A host file the hook needs could not be read.
+    #[error("cannot read {} on the host", path.display())]
+    ReadHost {
+        /// The host path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// A `--link` argument is unusable.
     #[error("--link {link:?} must be TARGET::LINK with a non-empty target and an absolute LINK without '..'")]
     Link {
@@ -128,6 +137,7 @@ impl HookError {
             | Self::NoPid => 2,
             Self::Unsafe { .. }
             | Self::Write { .. }
+            | Self::ReadHost { .. }
             | Self::Namespace { .. }
             | Self::NoLdconfig
             | Self::Ldconfig(_) => 1,

@@ -50,7 +50,7 @@ pub fn disable(stdin: impl Read, proc_root: &Path) -> Result<(), HookError> {
     let text = match std::fs::read_to_string(&host_params) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(HookError::Write { path: host_params, source }),
+        Err(source) => return Err(HookError::ReadHost { path: host_params, source }),
     };
     let Some(new) = rewrite(&text) else { return Ok(()) };
     let pid = container.pid.ok_or(HookError::NoPid)?;

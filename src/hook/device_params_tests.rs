@@ -44,6 +44,10 @@ fn nothing_happens_without_the_driver_or_with_the_setting_off() {
     assert_eq!(e.exit_code(), 1);
     let e = disable(&b"{"[..], &proc_root).unwrap_err();
     assert_eq!(e.exit_code(), 2);
+    std::fs::remove_file(proc_root.join(PARAMS)).unwrap();
+    std::fs::create_dir(proc_root.join(PARAMS)).unwrap();
+    let e = disable(&bundle(tmp.path(), Some(4242))[..], &proc_root).unwrap_err();
+    assert!(matches!(e, HookError::ReadHost { .. }) && e.exit_code() == 1, "{e}");
 }
 
 /// A process in a new, private mount namespace, ready once it has printed a line.

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use super::HookError;
@@ -87,8 +87,7 @@ pub fn resolve_dir(rootfs: &Path, dir: &Path) -> Result<PathBuf, HookError> {
             Ok(_) => return Err(HookError::Unsafe { path: cur }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 match std::fs::DirBuilder::new().mode(0o755).create(&cur) {
-                    Ok(()) => std::fs::set_permissions(&cur, std::fs::Permissions::from_mode(0o755))
-                        .map_err(|source| HookError::Write { path: cur.clone(), source })?,
+                    Ok(()) => set_mode_0755(&cur).map_err(|source| HookError::Write { path: cur.clone(), source })?,
                     // Created meanwhile: look at it again.
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                         pending.push_front(part);
@@ -102,6 +101,13 @@ pub fn resolve_dir(rootfs: &Path, dir: &Path) -> Result<PathBuf, HookError> {
         }
     }
     Ok(here(&resolved))
+}
+
+/// Sets a folder just created to 0755 whatever the umask, through a descriptor opened
+/// without following symlinks (so a swapped-in link is never chmod-ed through).
+fn set_mode_0755(dir: &Path) -> io::Result<()> {
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(dir)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o755))
 }
 
 /// The `Normal` and `..` components of `p` (root and `.` dropped).
