@@ -81,6 +81,29 @@ pub enum HookCommand {
     /// Refresh the container's dynamic linker cache for the GPU driver's library folders
     /// (reads the OCI container state on stdin).
     UpdateLdcache(UpdateLdcacheArgs),
+    /// Create the driver's library symlinks in the container (libcuda.so → libcuda.so.1).
+    ///
+    /// Reads the OCI container state on stdin. Parent folders are created (0755); symlinks on
+    /// the way are resolved inside the container's root filesystem, never outside it. A link
+    /// already right is left alone; others are created at a temporary name and renamed.
+    CreateSymlinks(CreateSymlinksArgs),
+    /// Keep NVML in the container from creating device nodes.
+    ///
+    /// Reads the OCI container state on stdin. When the host's /proc/driver/nvidia/params
+    /// says ModifyDeviceFiles: 1, mounts a read-only copy saying 0 over the container's,
+    /// entering the container's mount namespace through its pid; otherwise does nothing.
+    DisableDeviceNodeModification(DisableDeviceNodeModificationArgs),
+}
+
+impl HookCommand {
+    /// The hook's name on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::UpdateLdcache(_) => "update-ldcache",
+            Self::CreateSymlinks(_) => "create-symlinks",
+            Self::DisableDeviceNodeModification(_) => "disable-device-node-modification",
+        }
+    }
 }
 
 /// Options of `edra hook update-ldcache`.
@@ -92,6 +115,24 @@ pub struct UpdateLdcacheArgs {
     /// The host's ldconfig [default: /sbin/ldconfig, /usr/sbin/ldconfig, /usr/bin/ldconfig].
     #[arg(long, value_name = "PATH")]
     pub ldconfig: Option<PathBuf>,
+}
+
+/// Options of `edra hook create-symlinks`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct CreateSymlinksArgs {
+    /// A link to create: TARGET (what the link points to, as written into it) and LINK (its
+    /// absolute path in the container, without '..'), e.g.
+    /// `libcuda.so.1::/usr/lib64/libcuda.so` (repeatable).
+    #[arg(long = "link", value_name = "TARGET::LINK")]
+    pub links: Vec<String>,
+}
+
+/// Options of `edra hook disable-device-node-modification`.
+#[derive(Debug, Args, Clone)]
+pub struct DisableDeviceNodeModificationArgs {
+    /// The host's procfs, holding driver/nvidia/params and the container's namespaces.
+    #[arg(long, value_name = "DIR", default_value = "/proc")]
+    pub proc_root: PathBuf,
 }
 
 /// Options that select the node, the cluster and the devices.
@@ -256,6 +297,7 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn set_flags_become_overrides() {
@@ -322,5 +364,22 @@ mod tests {
         };
         assert_eq!(a.folders, [PathBuf::from("/usr/lib64"), PathBuf::from("/usr/lib")]);
         assert_eq!(a.ldconfig, Some(PathBuf::from("/x")));
+    }
+
+    #[test]
+    fn hook_create_symlinks_and_device_params_parse() {
+        let cli =
+            Cli::try_parse_from(["edra", "hook", "create-symlinks", "--link", "a.so.1::/l/a.so", "--link", "b::/c"])
+                .unwrap();
+        let Command::Hook(HookArgs { command: HookCommand::CreateSymlinks(a) }) = &cli.command else {
+            panic!("expected create-symlinks")
+        };
+        assert_eq!(a.links, ["a.so.1::/l/a.so", "b::/c"]);
+        let cli = Cli::try_parse_from(["edra", "hook", "disable-device-node-modification"]).unwrap();
+        let Command::Hook(HookArgs { command: c @ HookCommand::DisableDeviceNodeModification(a) }) = &cli.command
+        else {
+            panic!("expected disable-device-node-modification")
+        };
+        assert_eq!((c.name(), a.proc_root.as_path()), ("disable-device-node-modification", Path::new("/proc")));
     }
 }

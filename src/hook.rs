@@ -1,8 +1,9 @@
-//! The OCI hooks edra's CDI specs call: `edra hook update-ldcache`.
+//! The OCI hooks edra's CDI specs call: `edra hook update-ldcache`, `create-symlinks`
+//! ([`symlinks`]) and `disable-device-node-modification` ([`device_params`]).
 //!
-//! A container runtime runs the hook as a `createContainer` hook with the container's
-//! state JSON on stdin. The hook finds the container's root filesystem through the bundle's
-//! `config.json`, writes `/etc/ld.so.conf.d/00-edra-gpu.conf` listing the driver's library
+//! A container runtime runs each hook as a `createContainer` hook with the container's
+//! state JSON on stdin; this module reads it ([`read_state`]) for all hooks. The hook finds
+//! the container's root filesystem through the bundle's `config.json`. update-ldcache writes `/etc/ld.so.conf.d/00-edra-gpu.conf` listing the driver's library
 //! folders, makes sure `/etc/ld.so.conf` includes `ld.so.conf.d/*.conf`, and runs the host's
 //! `ldconfig -r <rootfs>` so the container's dynamic linker cache finds the libraries.
 //!
@@ -18,6 +19,11 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
 use serde::Deserialize;
+
+use crate::cli::HookCommand;
+
+pub mod device_params;
+pub mod symlinks;
 
 /// The conf file edra writes in the container.
 pub const CONF_FILE: &str = "etc/ld.so.conf.d/00-edra-gpu.conf";
@@ -80,6 +86,35 @@ pub enum HookError {
         #[source]
         source: io::Error,
     },
+    /// A host file the hook needs could not be read.
+    #[error("cannot read {} on the host", path.display())]
+    ReadHost {
+        /// The host path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A `--link` argument is unusable.
+    #[error("--link {link:?} must be TARGET::LINK with a non-empty target and an absolute LINK without '..'")]
+    Link {
+        /// The argument as given.
+        link: String,
+    },
+    /// The OCI state has no container process ID.
+    #[error("the container state on stdin has no pid; the hook must run as a createContainer hook")]
+    NoPid,
+    /// Entering the container's mount namespace or mounting in it failed.
+    #[error("cannot {op} for the container (pid {pid})")]
+    Namespace {
+        /// What failed.
+        op: &'static str,
+        /// The container's process.
+        pid: i32,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// No ldconfig was found on the host.
     #[error("no ldconfig found on the host (looked in {}); pass --ldconfig", HOST_LDCONFIG.join(", "))]
     NoLdconfig,
@@ -97,8 +132,15 @@ impl HookError {
             | Self::BundleConfig { .. }
             | Self::BundleJson { .. }
             | Self::Rootfs { .. }
-            | Self::Folder { .. } => 2,
-            Self::Unsafe { .. } | Self::Write { .. } | Self::NoLdconfig | Self::Ldconfig(_) => 1,
+            | Self::Folder { .. }
+            | Self::Link { .. }
+            | Self::NoPid => 2,
+            Self::Unsafe { .. }
+            | Self::Write { .. }
+            | Self::ReadHost { .. }
+            | Self::Namespace { .. }
+            | Self::NoLdconfig
+            | Self::Ldconfig(_) => 1,
         }
     }
 }
@@ -106,6 +148,34 @@ impl HookError {
 #[derive(Deserialize)]
 struct State {
     bundle: PathBuf,
+    #[serde(default)]
+    pid: Option<i32>,
+}
+
+/// What the hooks need of the container's OCI state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    /// The root filesystem, as the host sees it.
+    pub rootfs: PathBuf,
+    /// The container's process (present from `createContainer` on).
+    pub pid: Option<i32>,
+}
+
+/// Reads the OCI state JSON (at most 1 MiB) from `stdin` and finds the container's rootfs.
+pub fn read_state(stdin: impl Read) -> Result<Container, HookError> {
+    let mut state = Vec::new();
+    stdin.take(1 << 20).read_to_end(&mut state).map_err(HookError::Stdin)?;
+    let pid = serde_json::from_slice::<State>(&state).map_err(HookError::State)?.pid.filter(|p| *p > 0);
+    Ok(Container { rootfs: rootfs_from_state(&state)?, pid })
+}
+
+/// Runs the hook `command` with the container state on `stdin`.
+pub fn run(command: &HookCommand, stdin: impl Read) -> Result<(), HookError> {
+    match command {
+        HookCommand::UpdateLdcache(a) => update_ldcache(stdin, &a.folders, a.ldconfig.as_deref()),
+        HookCommand::CreateSymlinks(a) => symlinks::create_symlinks(stdin, &a.links),
+        HookCommand::DisableDeviceNodeModification(a) => device_params::disable(stdin, &a.proc_root),
+    }
 }
 
 #[derive(Deserialize)]
@@ -256,9 +326,7 @@ pub fn run_ldconfig(ldconfig: &Path, rootfs: &Path) -> Result<(), HookError> {
 /// The whole `update-ldcache` hook: state from `stdin`, then conf files and ldconfig.
 pub fn update_ldcache(stdin: impl Read, folders: &[PathBuf], ldconfig: Option<&Path>) -> Result<(), HookError> {
     check_folders(folders)?;
-    let mut state = Vec::new();
-    stdin.take(1 << 20).read_to_end(&mut state).map_err(HookError::Stdin)?;
-    let rootfs = rootfs_from_state(&state)?;
+    let rootfs = read_state(stdin)?.rootfs;
     write_ld_conf(&rootfs, folders)?;
     let ldconfig = find_ldconfig(ldconfig)?;
     run_ldconfig(&ldconfig, &rootfs)

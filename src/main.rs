@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use edra::cli::{Cli, Command, DoctorOutputArg, HookCommand, OutputArg};
+use edra::cli::{Cli, Command, DoctorOutputArg, OutputArg};
 use edra::config::Config;
 
 /// EX_USAGE from sysexits.h: the configuration or command line is wrong.
@@ -22,11 +22,10 @@ fn main() -> ExitCode {
     }
     // Hooks are run by the container runtime, with no edra configuration around them.
     if let Command::Hook(hook) = &cli.command {
-        let HookCommand::UpdateLdcache(args) = &hook.command;
-        return match edra::hook::update_ldcache(std::io::stdin().lock(), &args.folders, args.ldconfig.as_deref()) {
+        return match edra::hook::run(&hook.command, std::io::stdin().lock()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("edra hook update-ldcache: {}", edra::app::error_chain(&e));
+                eprintln!("edra hook {}: {}", hook.command.name(), edra::app::error_chain(&e));
                 ExitCode::from(e.exit_code())
             }
         };

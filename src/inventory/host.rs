@@ -1,5 +1,6 @@
-//! Host facts NVML does not give: where the NVML library is, the PCIe root and NUMA node of
-//! a GPU (sysfs), and the MIG capability device minors (procfs). Every root comes from
+//! Host facts NVML does not give: where the NVML library is, the PCIe root, NUMA node and
+//! DRM device nodes of a GPU (sysfs, `/dev/dri`), and the MIG capability device minors
+//! (procfs). Every root comes from
 //! configuration so tests point them at temp dirs.
 
 use std::path::{Component, Path, PathBuf};
@@ -48,6 +49,42 @@ fn is_pci_root(s: &str) -> bool {
 pub fn numa_node(sys_root: &Path, bus_id: &str) -> Option<i64> {
     let text = std::fs::read_to_string(sys_root.join("bus/pci/devices").join(bus_id).join("numa_node")).ok()?;
     text.trim().parse::<i64>().ok().filter(|n| *n >= 0)
+}
+
+/// The DRM nodes of a PCI device, cards then render nodes: `<dev>/dri/cardN` and
+/// `<dev>/dri/renderDN`, named by `<sys>/bus/pci/devices/<bus id>/drm/`, or when sysfs does
+/// not list them by the `<dev>/dri/by-path/pci-<bus id>-{card,render}` links. Only nodes that
+/// exist under `dev_root` are returned (a GPU without display engine may have none).
+pub fn drm_nodes(sys_root: &Path, dev_root: &Path, bus_id: &str) -> Vec<PathBuf> {
+    if bus_id.is_empty() || bus_id.contains('/') || bus_id.starts_with('.') {
+        return Vec::new();
+    }
+    let mut names: Vec<String> = std::fs::read_dir(sys_root.join("bus/pci/devices").join(bus_id).join("drm"))
+        .map(|rd| rd.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    if !names.iter().any(|n| drm_node_order(n).is_some()) {
+        let by_path = dev_root.join("dri/by-path");
+        names = ["card", "render"]
+            .iter()
+            .filter_map(|kind| std::fs::read_link(by_path.join(format!("pci-{bus_id}-{kind}"))).ok())
+            .filter_map(|target| target.file_name()?.to_str().map(str::to_string))
+            .collect();
+    }
+    let mut nodes: Vec<(u8, u32, String)> =
+        names.into_iter().filter_map(|n| drm_node_order(&n).map(|(kind, num)| (kind, num, n))).collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes.into_iter().map(|(_, _, n)| dev_root.join("dri").join(n)).filter(|p| p.exists()).collect()
+}
+
+/// `cardN` → (0, N), `renderDN` → (1, N); other names (`controlD64`, `card0-DP-1`) → None.
+fn drm_node_order(name: &str) -> Option<(u8, u32)> {
+    let (kind, num) = match name.strip_prefix("renderD") {
+        Some(n) => (1, n),
+        None => (0, name.strip_prefix("card")?),
+    };
+    (!num.is_empty() && num.bytes().all(|b| b.is_ascii_digit())).then_some(())?;
+    Some((kind, num.parse().ok()?))
 }
 
 /// The `nvidia-cap<N>` device minor for a MIG GPU instance (`ci = None`) or compute
@@ -111,5 +148,33 @@ mod tests {
         assert_eq!(mig_cap_minor(&proc, 0, 7, None), Some(66));
         assert_eq!(mig_cap_minor(&proc, 0, 7, Some(0)), Some(67));
         assert_eq!(mig_cap_minor(&proc, 0, 8, None), None);
+    }
+
+    #[test]
+    fn drm_nodes_from_sysfs_then_by_path_links_only_existing_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sys, dev) = (dir.path().join("sys"), dir.path().join("dev"));
+        let dri = dev.join("dri");
+        std::fs::create_dir_all(dri.join("by-path")).expect("mkdir");
+        for n in ["card1", "renderD128", "card2", "renderD129"] {
+            std::fs::write(dri.join(n), b"").expect("write");
+        }
+        let drm = sys.join("bus/pci/devices/0000:3b:00.0/drm");
+        for n in ["renderD128", "card1", "card1-DP-1", "controlD64", "card9"] {
+            std::fs::create_dir_all(drm.join(n)).expect("mkdir");
+        }
+        assert_eq!(
+            drm_nodes(&sys, &dev, "0000:3b:00.0"),
+            [dri.join("card1"), dri.join("renderD128")],
+            "card9 is absent"
+        );
+        assert!(drm_nodes(&sys, &dev, "0000:99:00.0").is_empty(), "no sysfs entry, no links");
+        std::os::unix::fs::symlink("../renderD129", dri.join("by-path/pci-0000:5e:00.0-render")).expect("symlink");
+        std::os::unix::fs::symlink("../card2", dri.join("by-path/pci-0000:5e:00.0-card")).expect("symlink");
+        assert_eq!(drm_nodes(&sys, &dev, "0000:5e:00.0"), [dri.join("card2"), dri.join("renderD129")]);
+        assert!(drm_nodes(&sys, &dev, "../5e").is_empty());
+        assert_eq!(drm_node_order("card10"), Some((0, 10)));
+        assert_eq!(drm_node_order("renderD"), None);
+        assert_eq!(drm_node_order("cardx"), None);
     }
 }

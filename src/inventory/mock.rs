@@ -4,7 +4,8 @@
 //! Everything is deterministic: UUIDs are derived from the node name and the GPU (and MIG
 //! instance), PCI bus IDs are `0000:<10 + index>:00.0`, minors equal indexes. Device
 //! nodes are the paths a real node would have under `paths.dev_root`; creating them is
-//! not this backend's job. MIG profiles (`mock.mig`) replace their parent GPU; their
+//! not this backend's job. DRM nodes are added only where a fake `paths.sys_root` lists
+//! them for the mock bus IDs and they exist under `paths.dev_root`. MIG profiles (`mock.mig`) replace their parent GPU; their
 //! memory and multiprocessors are derived from the profile name. MIG capability device
 //! minors follow the NVIDIA driver's numbering (`/proc/driver/nvidia-caps/mig-minors`).
 
@@ -23,12 +24,18 @@ pub struct MockBackend {
     node: String,
     settings: MockSettings,
     dev_root: PathBuf,
+    sys_root: PathBuf,
 }
 
 impl MockBackend {
     /// A backend serving `cfg.mock` for node `cfg.node_name`.
     pub fn new(cfg: &Config) -> Self {
-        Self { node: cfg.node_name.clone(), settings: cfg.mock.clone(), dev_root: cfg.paths.dev_root.clone() }
+        Self {
+            node: cfg.node_name.clone(),
+            settings: cfg.mock.clone(),
+            dev_root: cfg.paths.dev_root.clone(),
+            sys_root: cfg.paths.sys_root.clone(),
+        }
     }
 
     fn gpu_facts(&self, index: u32) -> GpuFacts {
@@ -62,7 +69,13 @@ impl DeviceBackend for MockBackend {
         for index in 0..self.settings.gpus {
             let gpu = self.gpu_facts(index);
             match self.settings.mig.iter().find(|m| m.gpu == index) {
-                None => devices.push(gpu_device(&gpu, &self.dev_root)),
+                None => {
+                    let mut device = gpu_device(&gpu, &self.dev_root);
+                    if let Some(bus_id) = &gpu.pci_bus_id {
+                        device.device_nodes.extend(super::host::drm_nodes(&self.sys_root, &self.dev_root, bus_id));
+                    }
+                    devices.push(device);
+                }
                 Some(layout) => {
                     let migs = mig_layout(&gpu, &layout.profiles, &self.node)?;
                     for m in migs {
@@ -196,6 +209,27 @@ mod tests {
             assert_eq!(d.attributes["productName"], AttributeValue::String("NVIDIA A100-SXM4-80GB".into()));
         }
         assert_ne!(inv.devices[0].uuid, inv.devices[1].uuid);
+    }
+
+    #[test]
+    fn drm_nodes_come_from_a_fake_sysfs_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = config("n1");
+        cfg.paths.dev_root = dir.path().join("dev");
+        cfg.paths.sys_root = dir.path().join("sys");
+        assert_eq!(MockBackend::new(&cfg).discover().expect("discover").devices[0].device_nodes.len(), 1);
+        std::fs::create_dir_all(cfg.paths.sys_root.join("bus/pci/devices/0000:10:00.0/drm/card1")).expect("mkdir");
+        std::fs::create_dir_all(cfg.paths.sys_root.join("bus/pci/devices/0000:10:00.0/drm/renderD128")).expect("mkdir");
+        std::fs::create_dir_all(cfg.paths.dev_root.join("dri")).expect("mkdir");
+        std::fs::write(cfg.paths.dev_root.join("dri/card1"), b"").expect("write");
+        std::fs::write(cfg.paths.dev_root.join("dri/renderD128"), b"").expect("write");
+        let inv = MockBackend::new(&cfg).discover().expect("discover");
+        let dev = &cfg.paths.dev_root;
+        assert_eq!(
+            inv.devices[0].device_nodes,
+            [dev.join("nvidia0"), dev.join("dri/card1"), dev.join("dri/renderD128")]
+        );
+        assert_eq!(inv.devices[1].device_nodes, [dev.join("nvidia1")], "GPU 1 is at 0000:11:00.0");
     }
 
     #[test]

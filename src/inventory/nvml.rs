@@ -216,7 +216,11 @@ impl DeviceBackend for NvmlBackend {
             let gpu = self.gpu_facts(&dev, index, &inv)?;
             let migs = self.mig_devices(&dev, &gpu)?;
             if migs.is_empty() {
-                inv.devices.push(gpu_device(&gpu, &self.paths.dev_root));
+                let mut device = gpu_device(&gpu, &self.paths.dev_root);
+                if let Some(bus_id) = &gpu.pci_bus_id {
+                    device.device_nodes.extend(host::drm_nodes(&self.paths.sys_root, &self.paths.dev_root, bus_id));
+                }
+                inv.devices.push(device);
             } else {
                 inv.devices.extend(migs);
             }

@@ -11,6 +11,11 @@
 //! when a container requests only part of a claim). `NVIDIA_VISIBLE_DEVICES=void` keeps an
 //! NVIDIA runtime, if one is configured, from injecting GPUs again. Each device adds
 //! `EDRA_DEVICE_<NAME>_UUID=<uuid>` so tools can tell which GPU they were given.
+//!
+//! Hooks (`createContainer`, all run by the edra binary, in order): `create-symlinks` for
+//! the driver's library links, `update-ldcache` for the library folders, and
+//! `disable-device-node-modification` when the driver may create device nodes. Hooks need
+//! no newer `cdiVersion`.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -231,7 +236,7 @@ pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files
             mount_type: None,
         });
     }
-    for host in &files.ipc_sockets {
+    for host in &files.ipc_paths {
         common.mounts.push(Mount {
             host_path: on_host(host),
             container_path: strip(host),
@@ -239,19 +244,26 @@ pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files
             mount_type: None,
         });
     }
+    let hook = |command: &str, args: Vec<String>| {
+        let binary = layout.hook_binary.display().to_string();
+        let mut argv = vec![binary.clone(), "hook".into(), command.into()];
+        argv.extend(args);
+        Hook { hook_name: "createContainer".into(), path: binary, args: argv, env: Vec::new(), timeout: None }
+    };
+    if !files.library_links.is_empty() {
+        let args = files
+            .library_links
+            .iter()
+            .flat_map(|l| ["--link".to_string(), format!("{}::{}", l.target, strip(&l.dir.join(&l.name)))])
+            .collect();
+        common.hooks.push(hook("create-symlinks", args));
+    }
     if !files.library_dirs.is_empty() {
-        let mut args = vec![layout.hook_binary.display().to_string(), "hook".into(), "update-ldcache".into()];
-        for dir in &files.library_dirs {
-            args.push("--folder".into());
-            args.push(strip(dir));
-        }
-        common.hooks.push(Hook {
-            hook_name: "createContainer".into(),
-            path: layout.hook_binary.display().to_string(),
-            args,
-            env: Vec::new(),
-            timeout: None,
-        });
+        let args = files.library_dirs.iter().flat_map(|d| ["--folder".to_string(), strip(d)]).collect();
+        common.hooks.push(hook("update-ldcache", args));
+    }
+    if files.modify_device_files {
+        common.hooks.push(hook("disable-device-node-modification", Vec::new()));
     }
     let devices = devices
         .iter()

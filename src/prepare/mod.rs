@@ -83,8 +83,10 @@ pub struct PrepareSettings {
     pub host_driver_root: Option<PathBuf>,
     /// The device filesystem.
     pub dev_root: PathBuf,
-    /// procfs (for the boot ID).
+    /// procfs (for the boot ID and the kernel release).
     pub proc_root: PathBuf,
+    /// sysfs (for the kernel's firmware path).
+    pub sys_root: PathBuf,
     /// The edra binary, which the CDI specs run as their hook.
     pub hook_binary: PathBuf,
 }
@@ -100,6 +102,7 @@ impl PrepareSettings {
             host_driver_root: config.paths.host_driver_root.clone(),
             dev_root: config.paths.dev_root.clone(),
             proc_root: config.paths.proc_root.clone(),
+            sys_root: config.paths.sys_root.clone(),
             hook_binary,
         }
     }
@@ -249,6 +252,8 @@ impl Preparer {
         claims: Arc<dyn ClaimSource>,
         settings: PrepareSettings,
     ) -> Self {
+        let host =
+            driver_files::HostRoots { sys_root: settings.sys_root.clone(), proc_root: settings.proc_root.clone() };
         let inner = Inner {
             boot_id: read_boot_id(&settings.proc_root),
             store,
@@ -256,7 +261,7 @@ impl Preparer {
             claims,
             settings,
             locks: ClaimLocks::default(),
-            driver_files: DriverFilesCache::default(),
+            driver_files: DriverFilesCache::new(host),
         };
         Self { inner: Arc::new(inner) }
     }

@@ -108,6 +108,7 @@ impl Fixture {
             host_driver_root: None,
             dev_root: dev,
             proc_root: root.join("proc"),
+            sys_root: root.join("sys"),
             hook_binary: "/usr/bin/edra".into(),
         };
         let store = Store::open(&root.join("state")).unwrap();

@@ -82,8 +82,18 @@ async fn generated_spec_has_the_expected_edits_and_passes_validator_and_schema()
         drv.join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15").display().to_string()
     );
     assert_eq!(common.mounts[0].options, ["ro", "nosuid", "nodev", "rbind", "rprivate"]);
-    assert_eq!(common.hooks.len(), 1);
-    let hook = &common.hooks[0];
+    let commands: Vec<&str> = common.hooks.iter().map(|h| h.args[2].as_str()).collect();
+    assert_eq!(commands, ["create-symlinks", "update-ldcache"]);
+    assert_eq!(
+        common.hooks[0].args[3..],
+        [
+            "--link",
+            "libcuda.so.550.54.15::/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "--link",
+            "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"
+        ][..]
+    );
+    let hook = &common.hooks[1];
     assert_eq!((hook.hook_name.as_str(), hook.path.as_str()), ("createContainer", "/usr/bin/edra"));
     assert_eq!(
         hook.args,
@@ -250,10 +260,10 @@ fn driver_files_are_found_once_per_folder_and_cached() {
     std::fs::create_dir_all(root.join("var/run/nvidia-persistenced")).unwrap();
     let _listener = std::os::unix::net::UnixListener::bind(root.join("var/run/nvidia-persistenced/socket")).unwrap();
     touch(&root.join("run/nvidia-fabricmanager/socket"));
-    let files = driver_files::discover(root, VERSION);
+    let files = driver_files::discover(root, VERSION, &host_roots(root));
     assert_eq!(files.libraries, [root.join(format!("usr/lib/libcuda.so.{VERSION}"))]);
     assert_eq!(files.library_dirs, [root.join("usr/lib")]);
-    assert_eq!(files.ipc_sockets, [root.join("var/run/nvidia-persistenced/socket")], "only real sockets");
+    assert_eq!(files.ipc_paths, [root.join("var/run/nvidia-persistenced/socket")], "only real sockets");
     let layout = cdi::SpecLayout {
         vendor: VENDOR,
         dev_root: Path::new("/dev"),
@@ -264,8 +274,8 @@ fn driver_files_are_found_once_per_folder_and_cached() {
     let ipc =
         spec.container_edits.mounts.iter().find(|m| m.container_path == "/var/run/nvidia-persistenced/socket").unwrap();
     assert_eq!(ipc.options, ["nosuid", "nodev", "rbind", "rprivate", "noexec"]);
-    assert!(driver_files::discover(root, "").libraries.is_empty());
-    let cache = driver_files::DriverFilesCache::default();
+    assert!(driver_files::discover(root, "", &host_roots(root)).libraries.is_empty());
+    let cache = driver_files::DriverFilesCache::new(host_roots(root));
     let a = cache.get(root, VERSION);
     touch(&root.join(format!("usr/lib/libnvidia-ml.so.{VERSION}")));
     assert!(Arc::ptr_eq(&a, &cache.get(root, VERSION)), "cached per version");
@@ -277,7 +287,7 @@ fn a_driver_root_seen_elsewhere_is_named_by_its_host_path() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     touch(&root.join(format!("usr/lib/libcuda.so.{VERSION}")));
-    let files = driver_files::discover(root, VERSION);
+    let files = driver_files::discover(root, VERSION, &host_roots(root));
     let layout = |host: Option<&'static Path>| cdi::SpecLayout {
         vendor: VENDOR,
         dev_root: Path::new("/dev"),
@@ -294,4 +304,8 @@ fn a_driver_root_seen_elsewhere_is_named_by_its_host_path() {
         cdi::build_spec(&layout(Some(Path::new("/run/nvidia/driver"))), UID1, &[&gpu(0, Path::new("/dev"))], &files);
     assert_eq!(mount(&moved).host_path, format!("/run/nvidia/driver{lib}"));
     assert_eq!(mount(&moved).container_path, lib);
+}
+
+fn host_roots(root: &Path) -> driver_files::HostRoots {
+    driver_files::HostRoots { sys_root: root.join("sys"), proc_root: root.join("proc") }
 }

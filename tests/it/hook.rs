@@ -1,14 +1,17 @@
-//! `edra hook update-ldcache` as the container runtime runs it: the real binary, the OCI
-//! state on stdin, a fake bundle in a temp dir, the host's ldconfig.
+//! `edra hook ...` as the container runtime runs it: the real binary, the OCI state on
+//! stdin, a fake bundle in a temp dir, the host's ldconfig.
 
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 fn run_hook(args: &[&str], stdin: &[u8]) -> Output {
+    run(&[&["update-ldcache"], args].concat(), stdin)
+}
+
+fn run(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_edra"))
         .arg("hook")
-        .arg("update-ldcache")
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -59,5 +62,38 @@ fn hook_exit_codes_tell_bad_input_from_failure() {
 fn hook_help_works() {
     let out = Command::new(env!("CARGO_BIN_EXE_edra")).args(["hook", "--help"]).output().unwrap();
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("update-ldcache"));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for hook in ["update-ldcache", "create-symlinks", "disable-device-node-modification"] {
+        assert!(help.contains(hook), "{hook}: {help}");
+    }
+}
+
+#[test]
+fn create_symlinks_links_in_the_rootfs_and_rejects_bad_links() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = bundle(tmp.path());
+    let out = run(&["create-symlinks", "--link", "libcuda.so.1::/usr/lib/gpu/libcuda.so"], &state);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let link = std::fs::read_link(tmp.path().join("rootfs/usr/lib/gpu/libcuda.so")).unwrap();
+    assert_eq!(link, Path::new("libcuda.so.1"));
+    let bad = run(&["create-symlinks", "--link", "x::/usr/../etc/passwd"], &state);
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.starts_with("edra hook create-symlinks: --link"), "{stderr}");
+}
+
+#[test]
+fn disable_device_node_modification_acts_only_when_the_driver_may_create_nodes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = bundle(tmp.path());
+    let proc_root = tmp.path().join("proc");
+    std::fs::create_dir_all(proc_root.join("driver/nvidia")).unwrap();
+    std::fs::write(proc_root.join("driver/nvidia/params"), "ModifyDeviceFiles: 0\n").unwrap();
+    let proc_arg = proc_root.display().to_string();
+    let out = run(&["disable-device-node-modification", "--proc-root", &proc_arg], &state);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(proc_root.join("driver/nvidia/params"), "ModifyDeviceFiles: 1\n").unwrap();
+    let out = run(&["disable-device-node-modification", "--proc-root", &proc_arg], &state);
+    assert_eq!(out.status.code(), Some(1), "pid 1's namespace is not under the fake procfs");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mount namespace"));
 }

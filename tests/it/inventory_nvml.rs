@@ -42,6 +42,11 @@ fn enumerates_gpus_with_attributes_and_capacity() {
     let real = sys.join("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0");
     std::fs::create_dir_all(&real).expect("mkdir");
     std::fs::write(real.join("numa_node"), "1\n").expect("numa_node");
+    for node in ["card1", "renderD128"] {
+        std::fs::create_dir_all(real.join("drm").join(node)).expect("mkdir");
+        std::fs::create_dir_all(roots.path().join("dev/dri")).expect("mkdir");
+        std::fs::write(roots.path().join("dev/dri").join(node), b"").expect("device node");
+    }
     std::fs::create_dir_all(sys.join("bus/pci/devices")).expect("mkdir");
     std::os::unix::fs::symlink(
         "../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0",
@@ -84,12 +89,14 @@ fn enumerates_gpus_with_attributes_and_capacity() {
     assert_eq!(d.attributes.len(), want.len(), "{:?}", d.attributes);
     assert_eq!(d.capacity["memory"], 80 << 30);
     assert_eq!(d.capacity["multiprocessors"], 108);
-    assert_eq!(d.device_nodes, vec![roots.path().join("dev/nvidia3")]);
+    let dev = roots.path().join("dev");
+    assert_eq!(d.device_nodes, [dev.join("nvidia3"), dev.join("dri/card1"), dev.join("dri/renderD128")]);
 
     let other = inv.device("gpu-1").expect("gpu-1");
     assert_eq!(other.attributes["resource.kubernetes.io/pciBusID"], s("0000:86:00.0"));
     assert!(!other.attributes.contains_key("resource.kubernetes.io/pcieRoot"), "no sysfs entry, no root");
     assert!(!other.attributes.contains_key("numaNode"));
+    assert_eq!(other.device_nodes, [dev.join("nvidia1")], "no sysfs entry, no DRM nodes");
 }
 
 #[test]

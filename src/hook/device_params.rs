@@ -1,0 +1,164 @@
+//! `edra hook disable-device-node-modification`: keeps NVML in a container from creating
+//! device nodes.
+//!
+//! With `ModifyDeviceFiles: 1` in `/proc/driver/nvidia/params`, NVML creates missing
+//! `/dev/nvidia*` nodes, which in a container would undo the device list the CDI spec gave
+//! it. The hook writes a copy of the host's file saying `ModifyDeviceFiles: 0` (mode 0444)
+//! to a fresh file on the host, enters the container's mount namespace (through
+//! `<proc>/<pid>/ns/mnt`, on a dedicated thread that first unshares its filesystem
+//! attributes, so the rest of the process stays in the host's namespace), bind-mounts the
+//! copy read-only over `<rootfs>/proc/driver/nvidia/params`, and removes the host file (the
+//! mount keeps it alive). It only mounts when `<rootfs>/proc` is a real directory holding a
+//! procfs mount, so nothing from the image can redirect the mount.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::HookError;
+
+/// The driver's parameters, relative to a procfs root.
+pub const PARAMS: &str = "driver/nvidia/params";
+
+/// The host's parameters rewritten with `ModifyDeviceFiles: 0`; `None` when nothing needs
+/// changing (the setting is absent or already 0).
+pub fn rewrite(params: &str) -> Option<String> {
+    let mut changed = false;
+    let mut out = String::with_capacity(params.len());
+    for line in params.split_inclusive('\n') {
+        let (body, end) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
+        match body.split_once(':') {
+            Some((key, value)) if key.trim() == "ModifyDeviceFiles" && value.trim() != "0" => {
+                out.push_str("ModifyDeviceFiles: 0");
+                out.push_str(end);
+                changed = true;
+            }
+            _ => out.push_str(line),
+        }
+    }
+    changed.then_some(out)
+}
+
+/// The whole hook: state from `stdin`; when the host's `<proc_root>/driver/nvidia/params`
+/// needs it, the read-only copy is mounted in the container. No driver: nothing to do.
+pub fn disable(stdin: impl Read, proc_root: &Path) -> Result<(), HookError> {
+    let container = super::read_state(stdin)?;
+    let host_params = proc_root.join(PARAMS);
+    let text = match std::fs::read_to_string(&host_params) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(HookError::ReadHost { path: host_params, source }),
+    };
+    let Some(new) = rewrite(&text) else { return Ok(()) };
+    let pid = container.pid.ok_or(HookError::NoPid)?;
+    let ns = proc_root.join(pid.to_string()).join("ns/mnt");
+    mount_copy(pid, &ns, &container.rootfs, new.as_bytes())
+}
+
+/// Mounts `contents` read-only over `<rootfs>/proc/driver/nvidia/params` in the mount
+/// namespace `ns` of process `pid`, when `<rootfs>/proc` there is a procfs mount.
+pub fn mount_copy(pid: i32, ns: &Path, rootfs: &Path, contents: &[u8]) -> Result<(), HookError> {
+    let proc_dir = rootfs.join("proc");
+    let target = proc_dir.join(PARAMS);
+    mount_file_in_namespace(pid, ns, &target, contents, Some(&proc_dir))
+}
+
+/// Writes `contents` to a new 0444 file on the host, bind-mounts it read-only over `target`
+/// in mount namespace `ns`, and removes the host file. With `procfs_at`, only mounts when
+/// that path (in the namespace) is a directory, not a symlink, on procfs and `target`
+/// exists; otherwise does nothing.
+pub fn mount_file_in_namespace(
+    pid: i32,
+    ns: &Path,
+    target: &Path,
+    contents: &[u8],
+    procfs_at: Option<&Path>,
+) -> Result<(), HookError> {
+    let err = |op: &'static str| move |source: io::Error| HookError::Namespace { op, pid, source };
+    let ns_file = File::open(ns).map_err(err("open the container's mount namespace"))?;
+    let source = write_copy(contents).map_err(err("write the parameters copy"))?;
+    let (src, dst) = (source.clone(), target.to_path_buf());
+    let guard_dir = procfs_at.map(Path::to_path_buf);
+    let result = std::thread::spawn(move || -> Result<(), (&'static str, io::Error)> {
+        enter(&ns_file).map_err(|e| ("enter the container's mount namespace", e))?;
+        if let Some(dir) = guard_dir {
+            let is_procfs = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) && on_procfs(&dir);
+            if !is_procfs || !dst.exists() {
+                return Ok(());
+            }
+        }
+        bind_read_only(&src, &dst).map_err(|e| ("bind-mount the read-only copy", e))
+    })
+    .join()
+    .unwrap_or_else(|_| Err(("run the namespace thread", io::Error::other("the thread panicked"))));
+    let _ = std::fs::remove_file(&source);
+    result.map_err(|(op, source)| HookError::Namespace { op, pid, source })
+}
+
+/// A new file in `/run` (or the temp folder) holding `contents`, mode 0444.
+fn write_copy(contents: &[u8]) -> io::Result<PathBuf> {
+    let dir = if Path::new("/run").is_dir() { PathBuf::from("/run") } else { std::env::temp_dir() };
+    let path = dir.join(format!(".edra-nvidia-params-{}-{:08x}", std::process::id(), fastrand::u32(..)));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)?;
+    let written = f.write_all(contents).and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(0o444)));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
+    Ok(path)
+}
+
+fn cvt(rc: libc::c_int) -> io::Result<()> {
+    if rc == -1 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+fn c_path(p: &Path) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::other("path contains a NUL byte"))
+}
+
+/// Moves the calling thread (only) into the mount namespace `ns`.
+fn enter(ns: &File) -> io::Result<()> {
+    // SAFETY: unshare and setns take no pointers; they change only the calling thread's
+    // filesystem attributes and mount namespace (CLONE_FS is unshared first so the other
+    // threads keep the host's), and `ns` is an open namespace file for the call's duration.
+    unsafe {
+        cvt(libc::unshare(libc::CLONE_FS))?;
+        cvt(libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS))
+    }
+}
+
+fn on_procfs(p: &Path) -> bool {
+    let Ok(c) = c_path(p) else { return false };
+    // SAFETY: statfs is plain old data, so all zeros is a valid value; `c` is a
+    // NUL-terminated path and `st` is writable and outlives the call.
+    let (rc, st) = unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        let rc = libc::statfs(c.as_ptr(), &mut st);
+        (rc, st)
+    };
+    rc == 0 && st.f_type == libc::PROC_SUPER_MAGIC
+}
+
+/// Bind-mounts `src` over `dst`, then remounts the bind read-only, nosuid, nodev, noexec.
+fn bind_read_only(src: &Path, dst: &Path) -> io::Result<()> {
+    let (s, d) = (c_path(src)?, c_path(dst)?);
+    let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: all pointers are NUL-terminated strings alive across the calls, or null where
+    // mount(2) allows it (no filesystem type or data for bind mounts and remounts).
+    unsafe {
+        cvt(libc::mount(s.as_ptr(), d.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
+        cvt(libc::mount(std::ptr::null(), d.as_ptr(), std::ptr::null(), flags, std::ptr::null()))
+    }
+}
+
+#[cfg(test)]
+#[path = "device_params_tests.rs"]
+mod tests;
