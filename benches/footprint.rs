@@ -101,7 +101,11 @@ async fn main() {
     let warm = warm.unwrap_or_default();
 
     println!("## Memory (KiB, /proc/<pid>/status)\n");
-    println!("| field | idle ({}s after published) | after {WARMUP_CYCLES} cycles | after {} cycles | growth over the last {CYCLES} |", SETTLE.as_secs() , WARMUP_CYCLES + CYCLES);
+    println!(
+        "| field | idle ({}s after published) | after {WARMUP_CYCLES} cycles | after {} cycles | growth over the last {CYCLES} |",
+        SETTLE.as_secs(),
+        WARMUP_CYCLES + CYCLES
+    );
     println!("|---|---:|---:|---:|---:|");
     for field in ["VmRSS", "VmHWM", "RssAnon", "RssFile", "VmData", "Threads"] {
         let (a, b, c) = (get(&idle, field), get(&warm, field), get(&after, field));
@@ -113,7 +117,9 @@ async fn main() {
         idle_requests,
         idle_ticks as f64 / clock_ticks() as f64
     );
-    println!("## Latency of the release binary ({CYCLES} cycles, one claim per call, after {WARMUP_CYCLES} warm-up cycles, log level info)\n");
+    println!(
+        "## Latency of the release binary ({CYCLES} cycles, one claim per call, after {WARMUP_CYCLES} warm-up cycles, log level info)\n"
+    );
     println!("{}", latency_header());
     println!("{}", prep.row("prepare"));
     println!("{}", release.row("unprepare"));

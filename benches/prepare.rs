@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use common::{InProcessAgent, Samples, Site, SiteSettings, latency_header, ms};
 use edra::plugin::proto::dra_v1 as v1;
 use edra::plugin::proto::dra_v1::dra_plugin_client::DraPluginClient;
+use edra::prepare::cdi;
+use edra::state::{ClaimRecord, DeviceRecord, Phase, SCHEMA_VERSION, Store};
 use support::apiserver::Options;
 use tonic::transport::Channel;
 
@@ -26,8 +28,9 @@ const WARMUP: usize = 40;
 #[tokio::main]
 async fn main() {
     println!("# edra prepare benchmark (agent in-process, gRPC over a Unix socket, API server on loopback HTTPS)\n");
-    single(8).await;
+    let sample = single(8).await;
     batch().await;
+    breakdown(sample).await;
 }
 
 async fn prepare(client: &mut DraPluginClient<Channel>, claims: Vec<v1::Claim>) -> Duration {
@@ -70,8 +73,16 @@ async fn ready_site(gpus: u32) -> (Site, InProcessAgent, DraPluginClient<Channel
     (site, agent, client)
 }
 
+/// What the breakdown needs from a live site: its configuration and a real CDI spec.
+struct Sample {
+    config: edra::config::Config,
+    spec: cdi::Spec,
+    claim: v1::Claim,
+    site: Site,
+}
+
 /// One claim per call: prepare (API GET + sled + CDI), repeated prepare (sled only), unprepare.
-async fn single(gpus: u32) {
+async fn single(gpus: u32) -> Sample {
     let (site, agent, mut client) = ready_site(gpus).await;
     let (mut first, mut again, mut release) = (Samples::default(), Samples::default(), Samples::default());
     let mut gets = 0usize;
@@ -125,7 +136,15 @@ async fn single(gpus: u32) {
         "API requests per prepare: {:.2} (GET of the claim); per repeated prepare and unprepare: 0\n",
         gets as f64 / SINGLE as f64
     );
+    // Keep one claim prepared: its spec is what the breakdown writes.
+    let claim = site.claim("sample", &["gpu-0".to_string()]);
+    prepare(&mut client, vec![claim.clone()]).await;
+    let path =
+        site.config.paths.cdi_dynamic_dir.join(cdi::spec_file_name(&format!("k8s.{}", common::DRIVER), &claim.uid));
+    let spec: cdi::Spec =
+        serde_json::from_slice(&std::fs::read(&path).expect("read the sample spec")).expect("parse the sample spec");
     agent.stop();
+    Sample { config: site.config.clone(), spec, claim, site }
 }
 
 /// One call with 32 claims (mock GPUs = 32), prepared then unprepared.
@@ -152,4 +171,92 @@ async fn batch() {
     println!();
     println!("per claim in a 32-claim call: prepare p50 {:.3} ms", ms(prep.percentile(50.0)) / BATCH as f64);
     agent.stop();
+}
+
+/// Where a prepare's time goes: each durable step and the API GET alone, on the same
+/// filesystem (the site's temp dir) and against the same server.
+async fn breakdown(sample: Sample) {
+    const N: usize = 500;
+    let dir = sample.site.dir.path().join("breakdown");
+    std::fs::create_dir_all(&dir).expect("breakdown dir");
+
+    let mut fsync = Samples::default();
+    let file = dir.join("fsync-probe");
+    for _ in 0..N {
+        let t = Instant::now();
+        let mut f = std::fs::File::create(&file).expect("create the probe");
+        std::io::Write::write_all(&mut f, &[0u8; 1024]).expect("write the probe");
+        f.sync_all().expect("fsync the probe");
+        fsync.push(t.elapsed());
+    }
+
+    let store = Store::open(&dir.join("state")).expect("open a store");
+    let (mut started, mut completed, mut read, mut removed) =
+        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    let (mut spec_write, mut spec_remove) = (Samples::default(), Samples::default());
+    let cdi_dir = dir.join("cdi");
+    for i in 0..N {
+        let uid = format!("00000000-0000-4000-8000-{i:012x}");
+        let mut rec = ClaimRecord {
+            schema: SCHEMA_VERSION,
+            uid: uid.clone(),
+            namespace: common::NAMESPACE.into(),
+            name: format!("r{i}"),
+            phase: Phase::PrepareStarted,
+            devices: vec![DeviceRecord {
+                request: "gpu0".into(),
+                request_names: vec!["gpu0".into()],
+                device: format!("gpu-{}", i % 8),
+                pool: common::NODE.into(),
+                cdi_ids: vec![format!("k8s.{}/claim={uid}-gpu-{}", common::DRIVER, i % 8)],
+                admin_access: false,
+                share_id: None,
+                config: Default::default(),
+            }],
+            cdi_spec_path: cdi_dir.join(format!("{uid}.json")),
+            created_at: 0,
+            boot_id: String::new(),
+        };
+        let t = Instant::now();
+        store.put_claim(&rec).expect("put PrepareStarted");
+        started.push(t.elapsed());
+        let t = Instant::now();
+        cdi::write_spec(&rec.cdi_spec_path, &sample.spec).expect("write the spec");
+        spec_write.push(t.elapsed());
+        rec.phase = Phase::PrepareCompleted;
+        let t = Instant::now();
+        store.put_claim(&rec).expect("put PrepareCompleted");
+        completed.push(t.elapsed());
+        let t = Instant::now();
+        store.claim(&uid).expect("read").expect("record present");
+        read.push(t.elapsed());
+        let t = Instant::now();
+        cdi::remove_spec(&rec.cdi_spec_path).expect("remove the spec");
+        spec_remove.push(t.elapsed());
+        let t = Instant::now();
+        store.remove_claim(&uid).expect("remove");
+        removed.push(t.elapsed());
+    }
+
+    let client = edra::kube::Client::from_config(&sample.config).expect("client");
+    let api = client.discover_resource_api().await.expect("discovery");
+    let mut get = Samples::default();
+    for _ in 0..N {
+        let t = Instant::now();
+        client.get_claim(api, &sample.claim.namespace, &sample.claim.name).await.expect("GET the claim");
+        get.push(t.elapsed());
+    }
+
+    println!("## Where the time goes ({N} runs of each step, same filesystem and server)\n");
+    println!("{}", latency_header());
+    println!("{}", fsync.row("write 1 KiB + fsync (reference)"));
+    println!("{}", get.row("API GET of a claim (edra's client, HTTPS)"));
+    println!("{}", read.row("sled read of a record"));
+    println!("{}", started.row("sled commit PrepareStarted (durable)"));
+    println!("{}", spec_write.row("CDI spec write+fsync+rename+dir fsync"));
+    println!("{}", completed.row("sled commit PrepareCompleted (durable)"));
+    println!("{}", spec_remove.row("CDI spec remove + dir fsync"));
+    println!("{}", removed.row("sled remove record (durable)"));
+    println!();
+    println!("CDI spec size: {} bytes", serde_json::to_vec_pretty(&sample.spec).map_or(0, |v| v.len()));
 }

@@ -25,7 +25,8 @@ const WIPES: usize = 30;
 async fn main() {
     println!("# edra publish benchmark (agent in-process, API server on loopback HTTPS, node credentials)\n");
     let opts = Options { bookmark_interval: Duration::from_millis(100), ..Options::default() };
-    let site = Site::new(opts, SiteSettings { gpus: GPUS as u32, rediscovery: "100ms", ..SiteSettings::default() }).await;
+    let site =
+        Site::new(opts, SiteSettings { gpus: GPUS as u32, rediscovery: "100ms", ..SiteSettings::default() }).await;
 
     // (a) First publish: from agent start to all devices published.
     let start = Instant::now();
@@ -38,7 +39,7 @@ async fn main() {
     let slices = site.server.with_state(|s| s.slices_on(NODE).len());
     println!("## (a) First publish of {GPUS} mock GPUs ({slices} ResourceSlice), agent start → published\n");
     println!("time to published: {:.1} ms\n", took.as_secs_f64() * 1000.0);
-    println!("{}", verb_table(&log, 0));
+    println!("{}\n", verb_table(&log, 0));
     println!(
         "watch stream bytes so far: {}; TCP connections: {}\n",
         site.server.with_state(|s| s.watch_bytes()),
@@ -63,7 +64,7 @@ async fn main() {
         STEADY.as_secs(),
         STEADY.as_millis() / 100
     );
-    println!("{}", verb_table(&log, mark));
+    println!("{}\n", verb_table(&log, mark));
     println!(
         "writes: {writes} (target 0); resourceVersion unchanged: {}; watch stream bytes: {}\n",
         site.server.with_state(|s| s.resource_version()) == rv,
