@@ -1,10 +1,12 @@
 //! The release binary as a child process (`target/release/edra run`, mock backend, node
 //! credentials, the test API server on loopback HTTPS): start-up to registered and
 //! published, idle memory, memory after 10,000 prepare/unprepare cycles, prepare latency of
-//! the shipped binary, binary size and dynamic libraries. Build the binary first with
-//! `cargo build --release`; then `cargo bench --bench footprint`.
+//! the shipped binary, binary size and dynamic libraries. `cargo bench` rebuilds
+//! `target/release/edra` with the bench profile, so: `cargo build --release && cp
+//! target/release/edra target/edra.release && EDRA_BINARY=target/edra.release cargo bench
+//! --bench footprint`.
 
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
@@ -26,9 +28,18 @@ const SETTLE: Duration = Duration::from_secs(5);
 async fn main() {
     let bin = release_binary();
     let Ok(meta) = std::fs::metadata(&bin) else {
-        eprintln!("{} is missing: run `cargo build --release` first", bin.display());
+        eprintln!("{} is missing: run `cargo build --release` first (see docs/benchmarks.md)", bin.display());
         std::process::exit(1);
     };
+    if common::has_symbol_table(&bin) {
+        eprintln!(
+            "{} is not the stripped release build (cargo bench rebuilds target/release/edra with the bench \
+             profile): `cargo build --release && cp target/release/edra target/edra.release`, then run with \
+             EDRA_BINARY=target/edra.release",
+            bin.display()
+        );
+        std::process::exit(1);
+    }
     println!("# edra footprint benchmark (release binary as a child process)\n");
     println!("## Binary\n");
     println!("{}: {} bytes ({:.2} MiB), stripped\n", bin.display(), meta.len(), meta.len() as f64 / 1048576.0);
@@ -57,6 +68,7 @@ async fn main() {
 
     tokio::time::sleep(SETTLE).await;
     let idle = proc_status(pid);
+    let idle_maps = largest_mappings(pid, 8);
     let cpu_idle_start = cpu_ticks(pid);
     let mark = site.server.request_mark();
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -113,6 +125,13 @@ async fn main() {
     }
     println!();
     println!(
+        "largest mappings at idle (KiB resident, from /proc/<pid>/smaps):\n\n| Rss | Size | mapping |\n|---:|---:|---|"
+    );
+    for (rss, size, name) in idle_maps {
+        println!("| {rss} | {size} | {name} |");
+    }
+    println!();
+    println!(
         "idle for 10 s: {} API requests, CPU {:.2} s user+system\n",
         idle_requests,
         idle_ticks as f64 / clock_ticks() as f64
@@ -135,6 +154,33 @@ async fn main() {
         t.elapsed().as_secs_f64() * 1e3,
         !site.registration_socket().exists() && !site.dra_socket().exists()
     );
+}
+
+/// The `n` mappings with the most resident memory: (Rss KiB, Size KiB, what).
+fn largest_mappings(pid: u32, n: usize) -> Vec<(u64, u64, String)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut out: Vec<(u64, u64, String)> = Vec::new();
+    let mut current: Option<(u64, u64, String)> = None;
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        let first = parts.next().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            out.extend(current.take());
+            let name = line.split_whitespace().nth(5).unwrap_or("[anon]").to_string();
+            current = Some((0, 0, format!("{first} {name}")));
+        } else if let Some(c) = current.as_mut() {
+            let v = parts.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            match first {
+                "Rss:" => c.0 = v,
+                "Size:" => c.1 = v,
+                _ => {}
+            }
+        }
+    }
+    out.extend(current);
+    out.sort_by_key(|m| std::cmp::Reverse(m.0));
+    out.truncate(n);
+    out
 }
 
 fn get(m: &std::collections::BTreeMap<String, u64>, k: &str) -> u64 {

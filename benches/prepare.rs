@@ -2,7 +2,7 @@
 //! with the agent (`edra::app::run`) in-process on its own two-thread runtime and the test
 //! API server on loopback HTTPS. Prints tables; `cargo bench --bench prepare`.
 
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 

@@ -3,7 +3,7 @@
 //! in-process on its own two-thread runtime against the test API server on loopback HTTPS.
 //! Prints tables; `cargo bench --bench publish`.
 
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 

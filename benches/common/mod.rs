@@ -183,9 +183,20 @@ impl InProcessAgent {
     }
 }
 
-/// The release binary, `target/release/edra`.
+/// The release binary: `$EDRA_BINARY`, else `target/release/edra`. `cargo bench` itself
+/// rebuilds `target/release/edra` with the bench profile, so copy the release build aside
+/// and point `EDRA_BINARY` at the copy (see docs/benchmarks.md).
 pub fn release_binary() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/edra")
+    match std::env::var_os("EDRA_BINARY") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/edra"),
+    }
+}
+
+/// Whether an ELF file still has its symbol table (the release profile strips it; the
+/// bench profile does not).
+pub fn has_symbol_table(path: &Path) -> bool {
+    std::fs::read(path).is_ok_and(|bytes| bytes.windows(8).any(|w| w == b".symtab\0"))
 }
 
 /// `edra --config <file> run` as a child, its stderr in `<site>/edra.log`.

@@ -4,6 +4,7 @@
 
 mod apiserver_selftest;
 mod cli_inventory;
+mod footprint;
 mod hook;
 mod inventory_nvml;
 mod kube_client;
