@@ -3,7 +3,7 @@
 //! published, idle memory, memory after 10,000 prepare/unprepare cycles, prepare latency of
 //! the shipped binary, binary size and dynamic libraries. `cargo bench` rebuilds
 //! `target/release/edra` with the bench profile, so: `cargo build --release && cp
-//! target/release/edra target/edra.release && EDRA_BINARY=target/edra.release cargo bench
+//! target/release/edra target/edra.release && BENCH_BINARY=target/edra.release cargo bench
 //! --bench footprint`.
 
 #[allow(unused_imports)]
@@ -35,7 +35,7 @@ async fn main() {
         eprintln!(
             "{} is not the stripped release build (cargo bench rebuilds target/release/edra with the bench \
              profile): `cargo build --release && cp target/release/edra target/edra.release`, then run with \
-             EDRA_BINARY=target/edra.release",
+             BENCH_BINARY=target/edra.release",
             bin.display()
         );
         std::process::exit(1);
@@ -54,7 +54,15 @@ async fn main() {
     let start = Instant::now();
     let mut child = common::spawn_release(&site);
     let pid = child.id();
-    common::wait_for_path(&site.registration_socket(), Duration::from_secs(30)).await;
+    while !site.registration_socket().exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(site.dir.path().join("edra.log")).unwrap_or_default();
+            panic!("edra exited ({status}) before serving the kubelet:\n{log}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no registration socket after 30 s");
+        // The start-up figures have this resolution.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let socket_at = start.elapsed();
     common::register(&site.registration_socket()).await;
     let registered_at = start.elapsed();
@@ -78,6 +86,7 @@ async fn main() {
     let mut client = support::kubelet::dra_v1(&site.dra_socket()).await;
     let (mut prep, mut release) = (Samples::default(), Samples::default());
     let mut warm = None;
+    let mut trend = Vec::new();
     for i in 0..(WARMUP_CYCLES + CYCLES) {
         let claim = site.claim(&format!("c{i}"), &[format!("gpu-{}", i % GPUS)]);
         let t = Instant::now();
@@ -103,6 +112,10 @@ async fn main() {
         if i + 1 == WARMUP_CYCLES {
             warm = Some(proc_status(pid));
         }
+        if (i + 1) % 2000 == 0 || i + 1 == WARMUP_CYCLES {
+            let now = proc_status(pid);
+            trend.push((i + 1, get(&now, "VmRSS"), get(&now, "RssAnon")));
+        }
         if i >= WARMUP_CYCLES {
             prep.push(p);
             release.push(u);
@@ -122,6 +135,11 @@ async fn main() {
     for field in ["VmRSS", "VmHWM", "RssAnon", "RssFile", "VmData", "Threads"] {
         let (a, b, c) = (get(&idle, field), get(&warm, field), get(&after, field));
         println!("| {field} | {a} | {b} | {c} | {:+} |", c as i64 - b as i64);
+    }
+    println!();
+    println!("VmRSS / RssAnon (KiB) as the cycles go:\n\n| cycles | VmRSS | RssAnon |\n|---:|---:|---:|");
+    for (n, rss, anon) in &trend {
+        println!("| {n} | {rss} | {anon} |");
     }
     println!();
     println!(

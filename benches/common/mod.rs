@@ -183,11 +183,11 @@ impl InProcessAgent {
     }
 }
 
-/// The release binary: `$EDRA_BINARY`, else `target/release/edra`. `cargo bench` itself
+/// The release binary: `$BENCH_BINARY`, else `target/release/edra`. `cargo bench` itself
 /// rebuilds `target/release/edra` with the bench profile, so copy the release build aside
-/// and point `EDRA_BINARY` at the copy (see docs/benchmarks.md).
+/// and point `BENCH_BINARY` at the copy (see docs/benchmarks.md).
 pub fn release_binary() -> PathBuf {
-    match std::env::var_os("EDRA_BINARY") {
+    match std::env::var_os("BENCH_BINARY") {
         Some(p) => PathBuf::from(p),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/edra"),
     }
