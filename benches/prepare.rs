@@ -30,6 +30,7 @@ async fn main() {
     println!("# edra prepare benchmark (agent in-process, gRPC over a Unix socket, API server on loopback HTTPS)\n");
     let sample = single(8).await;
     batch().await;
+    burst().await;
     breakdown(sample).await;
 }
 
@@ -64,8 +65,13 @@ async fn unprepare(client: &mut DraPluginClient<Channel>, claims: Vec<v1::Claim>
     took
 }
 
-async fn ready_site(gpus: u32) -> (Site, InProcessAgent, DraPluginClient<Channel>) {
-    let site = Site::new(Options::default(), SiteSettings { gpus, ..SiteSettings::default() }).await;
+/// The client rate limit lifted, as for the reference figures: back-to-back prepares exceed
+/// edra's default 100 requests/s once its burst of 200 is spent.
+const UNLIMITED: Option<(u32, u32)> = Some((100_000, 100_000));
+
+async fn ready_site(gpus: u32, rate_limit: Option<(u32, u32)>) -> (Site, InProcessAgent, DraPluginClient<Channel>) {
+    let settings = SiteSettings { gpus, rate_limit, ..SiteSettings::default() };
+    let site = Site::new(Options::default(), settings).await;
     let agent = InProcessAgent::start(site.config.clone());
     site.wait_published(gpus as usize, Duration::from_secs(30)).await;
     common::register(&site.registration_socket()).await;
@@ -83,10 +89,11 @@ struct Sample {
 
 /// One claim per call: prepare (API GET + sled + CDI), repeated prepare (sled only), unprepare.
 async fn single(gpus: u32) -> Sample {
-    let (site, agent, mut client) = ready_site(gpus).await;
+    let (site, agent, mut client) = ready_site(gpus, UNLIMITED).await;
     let (mut first, mut again, mut release) = (Samples::default(), Samples::default(), Samples::default());
     let mut gets = 0usize;
     let mut server_get = Samples::default();
+    let (mut to_get, mut after_get) = (Samples::default(), Samples::default());
     let total = WARMUP + SINGLE;
     let mut i = 0;
     while i < total {
@@ -96,9 +103,16 @@ async fn single(gpus: u32) -> Sample {
         let measured = i >= WARMUP;
         let mark = site.server.request_mark();
         for c in &wave {
+            let before = site.server.request_mark();
+            let start = Instant::now();
             let d = prepare(&mut client, vec![c.clone()]).await;
+            let end = Instant::now();
             if measured {
                 first.push(d);
+                if let Some(get) = site.server.requests().get(before) {
+                    to_get.push(get.at.saturating_duration_since(start));
+                    after_get.push(end.saturating_duration_since(get.at + get.duration));
+                }
             }
         }
         if measured {
@@ -125,12 +139,16 @@ async fn single(gpus: u32) -> Sample {
         }
         i += wave.len();
     }
-    println!("## One claim per call ({SINGLE} distinct claims, mock GPUs = {gpus}, after {WARMUP} warm-up claims)\n");
+    println!(
+        "## One claim per call ({SINGLE} distinct claims, mock GPUs = {gpus}, after {WARMUP} warm-up claims, client rate limit lifted)\n"
+    );
     println!("{}", latency_header());
     println!("{}", first.row("prepare (API GET + sled + CDI spec)"));
     println!("{}", again.row("repeated prepare of a prepared claim (sled)"));
     println!("{}", release.row("unprepare"));
-    println!("{}", server_get.row("  of which: server time to answer the GET"));
+    println!("{}", to_get.row("  prepare: call → GET arrives at the server"));
+    println!("{}", server_get.row("  prepare: server answers the GET"));
+    println!("{}", after_get.row("  prepare: GET answered → call returns"));
     println!();
     println!(
         "API requests per prepare: {:.2} (GET of the claim); per repeated prepare and unprepare: 0\n",
@@ -149,7 +167,7 @@ async fn single(gpus: u32) -> Sample {
 
 /// One call with 32 claims (mock GPUs = 32), prepared then unprepared.
 async fn batch() {
-    let (site, agent, mut client) = ready_site(BATCH as u32).await;
+    let (site, agent, mut client) = ready_site(BATCH as u32, UNLIMITED).await;
     let (mut prep, mut again, mut release) = (Samples::default(), Samples::default(), Samples::default());
     for call in 0..(BATCH_CALLS + 2) {
         let claims: Vec<v1::Claim> =
@@ -163,13 +181,39 @@ async fn batch() {
             release.push(u);
         }
     }
-    println!("## {BATCH} claims per call ({BATCH_CALLS} calls, mock GPUs = {BATCH}, after 2 warm-up calls)\n");
+    println!(
+        "## {BATCH} claims per call ({BATCH_CALLS} calls, mock GPUs = {BATCH}, after 2 warm-up calls, rate limit lifted)\n"
+    );
     println!("{}", latency_header());
     println!("{}", prep.row("prepare, 32 claims"));
     println!("{}", again.row("repeated prepare, 32 claims"));
     println!("{}", release.row("unprepare, 32 claims"));
     println!();
     println!("per claim in a 32-claim call: prepare p50 {:.3} ms", ms(prep.percentile(50.0)) / BATCH as f64);
+    agent.stop();
+}
+
+/// A burst of 50 pod starts with edra's default client settings: 50 concurrent calls, one
+/// claim each, on 50 mock GPUs.
+async fn burst() {
+    const PODS: usize = 50;
+    let (site, agent, client) = ready_site(PODS as u32, None).await;
+    let claims: Vec<v1::Claim> = (0..PODS).map(|k| site.claim(&format!("p{k}"), &[format!("gpu-{k}")])).collect();
+    let start = Instant::now();
+    let calls = claims.into_iter().map(|c| {
+        let mut client = client.clone();
+        tokio::spawn(async move { prepare(&mut client, vec![c]).await })
+    });
+    let mut each = Samples::default();
+    for call in futures_util::future::join_all(calls).await {
+        each.push(call.expect("prepare task"));
+    }
+    let all = start.elapsed();
+    println!("## A burst of {PODS} pod starts, default client settings (qps 100, burst 200)\n");
+    println!("{}", latency_header());
+    println!("{}", each.row("prepare, 50 concurrent calls"));
+    println!();
+    println!("all {PODS} prepared after {:.1} ms\n", ms(all));
     agent.stop();
 }
 
@@ -238,7 +282,9 @@ async fn breakdown(sample: Sample) {
         removed.push(t.elapsed());
     }
 
-    let client = edra::kube::Client::from_config(&sample.config).expect("client");
+    let mut config = sample.config.clone();
+    (config.kube.qps, config.kube.burst) = (100_000.0, 100_000);
+    let client = edra::kube::Client::from_config(&config).expect("client");
     let api = client.discover_resource_api().await.expect("discovery");
     let mut get = Samples::default();
     for _ in 0..N {
@@ -250,7 +296,7 @@ async fn breakdown(sample: Sample) {
     println!("## Where the time goes ({N} runs of each step, same filesystem and server)\n");
     println!("{}", latency_header());
     println!("{}", fsync.row("write 1 KiB + fsync (reference)"));
-    println!("{}", get.row("API GET of a claim (edra's client, HTTPS)"));
+    println!("{}", get.row("API GET of a claim (edra client, no limit)"));
     println!("{}", read.row("sled read of a record"));
     println!("{}", started.row("sled commit PrepareStarted (durable)"));
     println!("{}", spec_write.row("CDI spec write+fsync+rename+dir fsync"));

@@ -38,11 +38,13 @@ pub struct SiteSettings {
     pub gpus: u32,
     pub rediscovery: &'static str,
     pub log_level: &'static str,
+    /// `kubernetes.qps` and `kubernetes.burst`; `None` keeps edra's defaults (100/s, 200).
+    pub rate_limit: Option<(u32, u32)>,
 }
 
 impl Default for SiteSettings {
     fn default() -> Self {
-        Self { gpus: 8, rediscovery: "60s", log_level: "warn" }
+        Self { gpus: 8, rediscovery: "60s", log_level: "warn", rate_limit: None }
     }
 }
 
@@ -67,6 +69,7 @@ level = "{log}"
 
 [kubernetes]
 kubeconfig = "{kubeconfig}"
+{rate_limit}
 
 [kubelet]
 root_dir = "{d}/kubelet"
@@ -92,6 +95,7 @@ gpus = {gpus}
             d = d.display(),
             rediscovery = settings.rediscovery,
             gpus = settings.gpus,
+            rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
         );
         let config_path = d.join("edra.toml");
         std::fs::write(&config_path, toml).expect("write edra.toml");
