@@ -6,6 +6,7 @@ mod agent;
 mod apiserver_selftest;
 mod cli_inventory;
 mod doctor;
+mod footprint;
 mod hook;
 mod inventory_nvml;
 mod kube_client;

@@ -1,0 +1,338 @@
+//! What the benchmarks share: a site (test API server, node kubeconfig, temp directories and
+//! an edra configuration file), the agent run in-process or as the release binary, the
+//! kubelet's side of registration, claims allocated as the scheduler would leave them, and
+//! percentile tables.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use edra::config::{Config, LoadContext, Overrides};
+use edra::plugin::proto::dra_v1 as v1;
+use edra::plugin::proto::registration::RegistrationStatus;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::support::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, RequestRecord, TestApiServer};
+use crate::support::kubelet::{RawH2, percent_encoded};
+
+/// The node every benchmark runs as.
+pub const NODE: &str = "n1";
+/// The driver name (edra's default).
+pub const DRIVER: &str = "gpu.edra.dev";
+/// Namespace of the benchmark claims.
+pub const NAMESPACE: &str = "bench";
+
+/// A test API server with a node, a node kubeconfig and an edra configuration in a temp dir.
+pub struct Site {
+    pub dir: tempfile::TempDir,
+    pub server: TestApiServer,
+    pub config_path: PathBuf,
+    pub config: Config,
+}
+
+/// What the configuration file sets beyond the paths.
+pub struct SiteSettings {
+    pub gpus: u32,
+    pub rediscovery: &'static str,
+    pub log_level: &'static str,
+    /// `kubernetes.qps` and `kubernetes.burst`; `None` keeps edra's defaults (100/s, 200).
+    pub rate_limit: Option<(u32, u32)>,
+}
+
+impl Default for SiteSettings {
+    fn default() -> Self {
+        Self { gpus: 8, rediscovery: "60s", log_level: "warn", rate_limit: None }
+    }
+}
+
+impl Site {
+    /// Starts the server (node authorizer on, as on a real cluster with node credentials)
+    /// and writes the configuration.
+    pub async fn new(opts: Options, settings: SiteSettings) -> Site {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let server = TestApiServer::start(Options { node_authorizer: true, ..opts }).await.expect("start the server");
+        server.add_node(NODE);
+        let kubeconfig = server.write_kubeconfig(dir.path(), &Identity::node(NODE)).expect("write the kubeconfig");
+        let d = dir.path();
+        for sub in ["kubelet", "cdi", "state", "driver", "dev", "sys"] {
+            std::fs::create_dir_all(d.join(sub)).expect("create a site directory");
+        }
+        let toml = format!(
+            r#"node_name = "{NODE}"
+backend = "mock"
+
+[log]
+level = "{log}"
+
+[kubernetes]
+kubeconfig = "{kubeconfig}"
+{rate_limit}
+
+[kubelet]
+root_dir = "{d}/kubelet"
+
+[cdi]
+spec_dirs = ["{d}/cdi"]
+dynamic_dir = "{d}/cdi"
+
+[paths]
+state_dir = "{d}/state"
+driver_root = "{d}/driver"
+dev_root = "{d}/dev"
+sys_root = "{d}/sys"
+
+[publish]
+rediscovery_interval = "{rediscovery}"
+
+[mock]
+gpus = {gpus}
+"#,
+            log = settings.log_level,
+            kubeconfig = kubeconfig.display(),
+            d = d.display(),
+            rediscovery = settings.rediscovery,
+            gpus = settings.gpus,
+            rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
+        );
+        let config_path = d.join("edra.toml");
+        std::fs::write(&config_path, toml).expect("write edra.toml");
+        let ctx = LoadContext {
+            explicit_file: Some(config_path.clone()),
+            default_file: d.join("absent.toml"),
+            env: Vec::new(),
+            overrides: Overrides::default(),
+            hostname: None,
+        };
+        let config = match Config::load(&ctx) {
+            Ok(c) => c,
+            Err(problems) => panic!("bench configuration rejected: {problems:?}"),
+        };
+        Site { dir, server, config_path, config }
+    }
+
+    pub fn dra_socket(&self) -> PathBuf {
+        self.config.paths.dra_socket(DRIVER)
+    }
+
+    pub fn registration_socket(&self) -> PathBuf {
+        self.config.paths.registration_socket(DRIVER)
+    }
+
+    /// Devices in this node's published slices.
+    pub fn published_devices(&self) -> usize {
+        self.server.with_state(published_devices)
+    }
+
+    /// Waits (on the server's change signal) until `devices` devices are published.
+    pub async fn wait_published(&self, devices: usize, timeout: Duration) {
+        self.server
+            .wait_for("slices published", timeout, |s| published_devices(s) == devices)
+            .await
+            .expect("slices published in time");
+    }
+
+    /// An allocated claim for `device` (node-local, reserved for a pod on this node).
+    pub fn claim(&self, name: &str, devices: &[String]) -> v1::Claim {
+        let mut b = ClaimBuilder::new(NAMESPACE, name).on_node(NODE).reserved_for_pod(name, &pod_uid(name));
+        for (i, dev) in devices.iter().enumerate() {
+            b = b.allocated(AllocatedDevice::new(&format!("gpu{i}"), DRIVER, NODE, dev));
+        }
+        let stored = self.server.put_claim(b.build());
+        self.server.mark_claim_on_node(NAMESPACE, name, NODE);
+        let uid = stored["metadata"]["uid"].as_str().expect("stored claim has a uid").to_string();
+        v1::Claim { namespace: NAMESPACE.into(), uid, name: name.into() }
+    }
+}
+
+fn pod_uid(name: &str) -> String {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let hex = format!("{h:016x}{h:016x}");
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+fn published_devices(s: &crate::support::apiserver::State) -> usize {
+    s.slices_on(NODE).iter().map(|sl| sl["spec"]["devices"].as_array().map_or(0, Vec::len)).sum()
+}
+
+/// The agent (`edra::app::run`) on its own two-thread runtime, as `edra run` starts it.
+pub struct InProcessAgent {
+    shutdown: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InProcessAgent {
+    pub fn start(config: Config) -> InProcessAgent {
+        let (tx, rx) = watch::channel(false);
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("agent runtime");
+            if let Err(e) = rt.block_on(edra::app::run(config, rx)) {
+                eprintln!("agent stopped with an error: {}", edra::app::error_chain(&e));
+            }
+        });
+        InProcessAgent { shutdown: tx, thread: Some(thread) }
+    }
+
+    pub fn stop(mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The release binary: `$BENCH_BINARY`, else `target/release/edra`. `cargo bench` itself
+/// rebuilds `target/release/edra` with the bench profile, so copy the release build aside
+/// and point `BENCH_BINARY` at the copy (see docs/benchmarks.md).
+pub fn release_binary() -> PathBuf {
+    match std::env::var_os("BENCH_BINARY") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/edra"),
+    }
+}
+
+/// Whether an ELF file still has its symbol table (the release profile strips it; the
+/// bench profile does not).
+pub fn has_symbol_table(path: &Path) -> bool {
+    std::fs::read(path).is_ok_and(|bytes| bytes.windows(8).any(|w| w == b".symtab\0"))
+}
+
+/// `edra --config <file> run` as a child, its stderr in `<site>/edra.log`.
+pub fn spawn_release(site: &Site) -> Child {
+    let bin = release_binary();
+    let log = std::fs::File::create(site.dir.path().join("edra.log")).expect("create edra.log");
+    Command::new(&bin)
+        .arg("--config")
+        .arg(&site.config_path)
+        .arg("run")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}; build it with `cargo build --release`", bin.display()))
+}
+
+/// `/proc/<pid>/status` fields in KiB (VmRSS, VmHWM, RssAnon, RssFile, Threads...).
+pub fn proc_status(pid: u32) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            let n = v.split_whitespace().next()?.parse().ok()?;
+            Some((k.to_string(), n))
+        })
+        .collect()
+}
+
+/// Registers as the kubelet does (GetInfo, then NotifyRegistrationStatus).
+pub async fn register(socket: &Path) {
+    let mut h2 = RawH2::connect(socket).await.expect("connect to the registration socket");
+    let authority = percent_encoded(socket);
+    h2.get_info(&authority).await.expect("GetInfo");
+    h2.notify(&authority, RegistrationStatus { plugin_registered: true, error: String::new() }).await.expect("Notify");
+}
+
+/// Waits for a path to appear, checking every millisecond (the resolution of start-up times).
+pub async fn wait_for_path(path: &Path, timeout: Duration) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(start.elapsed() < timeout, "{} did not appear within {timeout:?}", path.display());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Latency samples and their percentiles.
+#[derive(Default)]
+pub struct Samples(pub Vec<Duration>);
+
+impl Samples {
+    pub fn push(&mut self, d: Duration) {
+        self.0.push(d);
+    }
+
+    pub fn percentile(&self, p: f64) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        if v.is_empty() {
+            return Duration::ZERO;
+        }
+        let idx = ((p / 100.0) * (v.len() as f64)).ceil() as usize;
+        v[idx.clamp(1, v.len()) - 1]
+    }
+
+    pub fn mean(&self) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        self.0.iter().sum::<Duration>() / self.0.len() as u32
+    }
+
+    /// `| what | n | p50 | p99 | max | mean |` in milliseconds.
+    pub fn row(&self, what: &str) -> String {
+        format!(
+            "| {what:<44} | {:>6} | {:>8.3} | {:>8.3} | {:>8.3} | {:>8.3} |",
+            self.0.len(),
+            ms(self.percentile(50.0)),
+            ms(self.percentile(99.0)),
+            ms(self.percentile(100.0)),
+            ms(self.mean())
+        )
+    }
+}
+
+pub fn latency_header() -> String {
+    format!(
+        "| {:<44} | {:>6} | {:>8} | {:>8} | {:>8} | {:>8} |\n|{}|{}|{}|{}|{}|{}|",
+        "operation (ms)",
+        "n",
+        "p50",
+        "p99",
+        "max",
+        "mean",
+        "-".repeat(46),
+        "-".repeat(8),
+        "-".repeat(10),
+        "-".repeat(10),
+        "-".repeat(10),
+        "-".repeat(10)
+    )
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Requests, body bytes sent and received, per verb, for log entries from `mark` on.
+pub fn by_verb(log: &[RequestRecord], mark: usize) -> BTreeMap<&'static str, (usize, usize, usize)> {
+    let mut out: BTreeMap<&'static str, (usize, usize, usize)> = BTreeMap::new();
+    for r in log.iter().skip(mark) {
+        let e = out.entry(if r.verb.is_empty() { "other" } else { r.verb }).or_default();
+        e.0 += 1;
+        e.1 += r.request_bytes;
+        e.2 += r.response_bytes;
+    }
+    out
+}
+
+/// A table of [`by_verb`].
+pub fn verb_table(log: &[RequestRecord], mark: usize) -> String {
+    let mut s = String::from("| verb | requests | request body bytes | response body bytes |\n|---|---:|---:|---:|\n");
+    let mut total = (0, 0, 0);
+    for (verb, (n, sent, recv)) in by_verb(log, mark) {
+        s.push_str(&format!("| {verb} | {n} | {sent} | {recv} |\n"));
+        total = (total.0 + n, total.1 + sent, total.2 + recv);
+    }
+    s.push_str(&format!("| total | {} | {} | {} |", total.0, total.1, total.2));
+    s
+}
+
+/// The stored claim's JSON, for debugging a failed call.
+pub fn claim_json(site: &Site, name: &str) -> Option<Value> {
+    site.server.with_state(|s| s.claim(NAMESPACE, name))
+}

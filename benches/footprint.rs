@@ -1,0 +1,222 @@
+//! The release binary as a child process (`target/release/edra run`, mock backend, node
+//! credentials, the test API server on loopback HTTPS): start-up to registered and
+//! published, idle memory, memory after 10,000 prepare/unprepare cycles, prepare latency of
+//! the shipped binary, binary size and dynamic libraries. `cargo bench` rebuilds
+//! `target/release/edra` with the bench profile, so: `cargo build --release && cp
+//! target/release/edra target/edra.release && BENCH_BINARY=target/edra.release cargo bench
+//! --bench footprint`.
+
+#[allow(unused_imports)]
+#[path = "../tests/it/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Samples, Site, SiteSettings, latency_header, proc_status, release_binary};
+use edra::plugin::proto::dra_v1 as v1;
+use support::apiserver::Options;
+
+const GPUS: usize = 8;
+const CYCLES: usize = 10_000;
+const WARMUP_CYCLES: usize = 200;
+const SETTLE: Duration = Duration::from_secs(5);
+
+#[tokio::main]
+async fn main() {
+    let bin = release_binary();
+    let Ok(meta) = std::fs::metadata(&bin) else {
+        eprintln!("{} is missing: run `cargo build --release` first (see docs/benchmarks.md)", bin.display());
+        std::process::exit(1);
+    };
+    if common::has_symbol_table(&bin) {
+        eprintln!(
+            "{} is not the stripped release build (cargo bench rebuilds target/release/edra with the bench \
+             profile): `cargo build --release && cp target/release/edra target/edra.release`, then run with \
+             BENCH_BINARY=target/edra.release",
+            bin.display()
+        );
+        std::process::exit(1);
+    }
+    println!("# edra footprint benchmark (release binary as a child process)\n");
+    println!("## Binary\n");
+    println!("{}: {} bytes ({:.2} MiB), stripped\n", bin.display(), meta.len(), meta.len() as f64 / 1048576.0);
+    match Command::new("ldd").arg(&bin).output() {
+        Ok(out) => println!("ldd:\n```\n{}```\n", String::from_utf8_lossy(&out.stdout)),
+        Err(e) => println!("ldd not available: {e}\n"),
+    }
+
+    // Log level info: what a node runs by default.
+    let settings = SiteSettings { gpus: GPUS as u32, log_level: "info", ..SiteSettings::default() };
+    let site = Site::new(Options::default(), settings).await;
+    let start = Instant::now();
+    let mut child = common::spawn_release(&site);
+    let pid = child.id();
+    while !site.registration_socket().exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(site.dir.path().join("edra.log")).unwrap_or_default();
+            panic!("edra exited ({status}) before serving the kubelet:\n{log}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no registration socket after 30 s");
+        // The start-up figures have this resolution.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let socket_at = start.elapsed();
+    common::register(&site.registration_socket()).await;
+    let registered_at = start.elapsed();
+    site.wait_published(GPUS, Duration::from_secs(30)).await;
+    let published_at = start.elapsed();
+    println!("## Start-up (exec → ...)\n");
+    println!("| milestone | ms |\n|---|---:|");
+    println!("| registration socket exists | {:.1} |", socket_at.as_secs_f64() * 1e3);
+    println!("| registered (GetInfo + NotifyRegistrationStatus answered) | {:.1} |", registered_at.as_secs_f64() * 1e3);
+    println!("| {GPUS} devices published | {:.1} |\n", published_at.as_secs_f64() * 1e3);
+
+    tokio::time::sleep(SETTLE).await;
+    let idle = proc_status(pid);
+    let idle_maps = largest_mappings(pid, 8);
+    let cpu_idle_start = cpu_ticks(pid);
+    let mark = site.server.request_mark();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle_ticks = cpu_ticks(pid) - cpu_idle_start;
+    let idle_requests = site.server.request_mark() - mark;
+
+    let mut client = support::kubelet::dra_v1(&site.dra_socket()).await;
+    let (mut prep, mut release) = (Samples::default(), Samples::default());
+    let mut warm = None;
+    let mut trend = Vec::new();
+    for i in 0..(WARMUP_CYCLES + CYCLES) {
+        let claim = site.claim(&format!("c{i}"), &[format!("gpu-{}", i % GPUS)]);
+        let t = Instant::now();
+        let answer = client
+            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
+            .await
+            .expect("NodePrepareResources")
+            .into_inner();
+        let p = t.elapsed();
+        let r = answer.claims.get(&claim.uid).expect("an answer for the claim");
+        assert!(r.error.is_empty(), "prepare failed: {}", r.error);
+        let t = Instant::now();
+        let answer = client
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim.clone()] })
+            .await
+            .expect("NodeUnprepareResources")
+            .into_inner();
+        let u = t.elapsed();
+        let r = answer.claims.get(&claim.uid).expect("an answer for the claim");
+        assert!(r.error.is_empty(), "unprepare failed: {}", r.error);
+        // Keep the test server's memory flat too: it is not what is measured.
+        site.server.delete_claim(common::NAMESPACE, &format!("c{i}"));
+        if i + 1 == WARMUP_CYCLES {
+            warm = Some(proc_status(pid));
+        }
+        if (i + 1) % 2000 == 0 || i + 1 == WARMUP_CYCLES {
+            let now = proc_status(pid);
+            trend.push((i + 1, get(&now, "VmRSS"), get(&now, "RssAnon")));
+        }
+        if i >= WARMUP_CYCLES {
+            prep.push(p);
+            release.push(u);
+        }
+    }
+    tokio::time::sleep(SETTLE).await;
+    let after = proc_status(pid);
+    let warm = warm.unwrap_or_default();
+
+    println!("## Memory (KiB, /proc/<pid>/status)\n");
+    println!(
+        "| field | idle ({}s after published) | after {WARMUP_CYCLES} cycles | after {} cycles | growth over the last {CYCLES} |",
+        SETTLE.as_secs(),
+        WARMUP_CYCLES + CYCLES
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for field in ["VmRSS", "VmHWM", "RssAnon", "RssFile", "VmData", "Threads"] {
+        let (a, b, c) = (get(&idle, field), get(&warm, field), get(&after, field));
+        println!("| {field} | {a} | {b} | {c} | {:+} |", c as i64 - b as i64);
+    }
+    println!();
+    println!("VmRSS / RssAnon (KiB) as the cycles go:\n\n| cycles | VmRSS | RssAnon |\n|---:|---:|---:|");
+    for (n, rss, anon) in &trend {
+        println!("| {n} | {rss} | {anon} |");
+    }
+    println!();
+    println!(
+        "largest mappings at idle (KiB resident, from /proc/<pid>/smaps):\n\n| Rss | Size | mapping |\n|---:|---:|---|"
+    );
+    for (rss, size, name) in idle_maps {
+        println!("| {rss} | {size} | {name} |");
+    }
+    println!();
+    println!(
+        "idle for 10 s: {} API requests, CPU {:.2} s user+system\n",
+        idle_requests,
+        idle_ticks as f64 / clock_ticks() as f64
+    );
+    println!(
+        "## Latency of the release binary ({CYCLES} cycles, one claim per call, after {WARMUP_CYCLES} warm-up cycles, log level info)\n"
+    );
+    println!("{}", latency_header());
+    println!("{}", prep.row("prepare"));
+    println!("{}", release.row("unprepare"));
+    println!();
+
+    // SIGTERM: shut down within the grace period and remove the sockets.
+    let t = Instant::now();
+    // SAFETY: kill(2) with our own child's pid and a valid signal number.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let status = child.wait().expect("wait for edra");
+    println!(
+        "SIGTERM → exit: {:.1} ms ({status}); sockets removed: {}\n",
+        t.elapsed().as_secs_f64() * 1e3,
+        !site.registration_socket().exists() && !site.dra_socket().exists()
+    );
+}
+
+/// The `n` mappings with the most resident memory: (Rss KiB, Size KiB, what).
+fn largest_mappings(pid: u32, n: usize) -> Vec<(u64, u64, String)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut out: Vec<(u64, u64, String)> = Vec::new();
+    let mut current: Option<(u64, u64, String)> = None;
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        let first = parts.next().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            out.extend(current.take());
+            let name = line.split_whitespace().nth(5).unwrap_or("[anon]").to_string();
+            current = Some((0, 0, format!("{first} {name}")));
+        } else if let Some(c) = current.as_mut() {
+            let v = parts.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            match first {
+                "Rss:" => c.0 = v,
+                "Size:" => c.1 = v,
+                _ => {}
+            }
+        }
+    }
+    out.extend(current);
+    out.sort_by_key(|m| std::cmp::Reverse(m.0));
+    out.truncate(n);
+    out
+}
+
+fn get(m: &std::collections::BTreeMap<String, u64>, k: &str) -> u64 {
+    m.get(k).copied().unwrap_or(0)
+}
+
+/// utime + stime of `pid` in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    n(11) + n(12)
+}
+
+fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as u64 } else { 100 }
+}

@@ -1,0 +1,308 @@
+//! Prepare and unprepare latency through the kubelet's gRPC API on the real Unix socket,
+//! with the agent (`edra::app::run`) in-process on its own two-thread runtime and the test
+//! API server on loopback HTTPS. Prints tables; `cargo bench --bench prepare`.
+
+#[allow(unused_imports)]
+#[path = "../tests/it/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{InProcessAgent, Samples, Site, SiteSettings, latency_header, ms};
+use edra::plugin::proto::dra_v1 as v1;
+use edra::plugin::proto::dra_v1::dra_plugin_client::DraPluginClient;
+use edra::prepare::cdi;
+use edra::state::{ClaimRecord, DeviceRecord, Phase, SCHEMA_VERSION, Store};
+use support::apiserver::Options;
+use tonic::transport::Channel;
+
+/// Claims measured one per call (each a distinct claim, prepared then unprepared).
+const SINGLE: usize = 1000;
+/// Claims per call in the batch measurement, and how many such calls.
+const BATCH: usize = 32;
+const BATCH_CALLS: usize = 50;
+const WARMUP: usize = 40;
+
+#[tokio::main]
+async fn main() {
+    println!("# edra prepare benchmark (agent in-process, gRPC over a Unix socket, API server on loopback HTTPS)\n");
+    let sample = single(8).await;
+    batch().await;
+    burst().await;
+    breakdown(sample).await;
+}
+
+async fn prepare(client: &mut DraPluginClient<Channel>, claims: Vec<v1::Claim>) -> Duration {
+    let n = claims.len();
+    let start = Instant::now();
+    let answer = client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+        .await
+        .expect("NodePrepareResources")
+        .into_inner();
+    let took = start.elapsed();
+    assert_eq!(answer.claims.len(), n, "one answer per claim");
+    for (uid, r) in &answer.claims {
+        assert!(r.error.is_empty(), "prepare of {uid} failed: {}", r.error);
+        assert!(!r.devices.is_empty(), "prepare of {uid} returned no devices");
+    }
+    took
+}
+
+async fn unprepare(client: &mut DraPluginClient<Channel>, claims: Vec<v1::Claim>) -> Duration {
+    let start = Instant::now();
+    let answer = client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
+        .await
+        .expect("NodeUnprepareResources")
+        .into_inner();
+    let took = start.elapsed();
+    for (uid, r) in &answer.claims {
+        assert!(r.error.is_empty(), "unprepare of {uid} failed: {}", r.error);
+    }
+    took
+}
+
+/// The client rate limit lifted, as for the reference figures: back-to-back prepares exceed
+/// edra's default 100 requests/s once its burst of 200 is spent.
+const UNLIMITED: Option<(u32, u32)> = Some((100_000, 100_000));
+
+async fn ready_site(gpus: u32, rate_limit: Option<(u32, u32)>) -> (Site, InProcessAgent, DraPluginClient<Channel>) {
+    let settings = SiteSettings { gpus, rate_limit, ..SiteSettings::default() };
+    let site = Site::new(Options::default(), settings).await;
+    let agent = InProcessAgent::start(site.config.clone());
+    site.wait_published(gpus as usize, Duration::from_secs(30)).await;
+    common::register(&site.registration_socket()).await;
+    let client = support::kubelet::dra_v1(&site.dra_socket()).await;
+    (site, agent, client)
+}
+
+/// What the breakdown needs from a live site: its configuration and a real CDI spec.
+struct Sample {
+    config: edra::config::Config,
+    spec: cdi::Spec,
+    claim: v1::Claim,
+    site: Site,
+}
+
+/// One claim per call: prepare (API GET + sled + CDI), repeated prepare (sled only), unprepare.
+async fn single(gpus: u32) -> Sample {
+    let (site, agent, mut client) = ready_site(gpus, UNLIMITED).await;
+    let (mut first, mut again, mut release) = (Samples::default(), Samples::default(), Samples::default());
+    let mut gets = 0usize;
+    let mut server_get = Samples::default();
+    let (mut to_get, mut after_get) = (Samples::default(), Samples::default());
+    let total = WARMUP + SINGLE;
+    let mut i = 0;
+    while i < total {
+        let wave: Vec<v1::Claim> = (i..(i + gpus as usize).min(total))
+            .map(|k| site.claim(&format!("c{k}"), &[format!("gpu-{}", k % gpus as usize)]))
+            .collect();
+        let measured = i >= WARMUP;
+        let mark = site.server.request_mark();
+        for c in &wave {
+            let before = site.server.request_mark();
+            let start = Instant::now();
+            let d = prepare(&mut client, vec![c.clone()]).await;
+            let end = Instant::now();
+            if measured {
+                first.push(d);
+                if let Some(get) = site.server.requests().get(before) {
+                    to_get.push(get.at.saturating_duration_since(start));
+                    after_get.push(end.saturating_duration_since(get.at + get.duration));
+                }
+            }
+        }
+        if measured {
+            let log = site.server.requests();
+            for r in log.iter().skip(mark) {
+                gets += 1;
+                assert_eq!(r.verb, "get", "only claim GETs expected while preparing: {} {}", r.method, r.path);
+                server_get.push(r.duration);
+            }
+        }
+        let mark = site.server.request_mark();
+        for c in &wave {
+            let d = prepare(&mut client, vec![c.clone()]).await;
+            if measured {
+                again.push(d);
+            }
+        }
+        assert_eq!(site.server.request_mark(), mark, "a repeated prepare must not ask the API server");
+        for c in &wave {
+            let d = unprepare(&mut client, vec![c.clone()]).await;
+            if measured {
+                release.push(d);
+            }
+        }
+        i += wave.len();
+    }
+    println!(
+        "## One claim per call ({SINGLE} distinct claims, mock GPUs = {gpus}, after {WARMUP} warm-up claims, client rate limit lifted)\n"
+    );
+    println!("{}", latency_header());
+    println!("{}", first.row("prepare (API GET + sled + CDI spec)"));
+    println!("{}", again.row("repeated prepare of a prepared claim (sled)"));
+    println!("{}", release.row("unprepare"));
+    println!("{}", to_get.row("  prepare: call → GET arrives at the server"));
+    println!("{}", server_get.row("  prepare: server answers the GET"));
+    println!("{}", after_get.row("  prepare: GET answered → call returns"));
+    println!();
+    println!(
+        "API requests per prepare: {:.2} (GET of the claim); per repeated prepare and unprepare: 0\n",
+        gets as f64 / SINGLE as f64
+    );
+    // Keep one claim prepared: its spec is what the breakdown writes.
+    let claim = site.claim("sample", &["gpu-0".to_string()]);
+    prepare(&mut client, vec![claim.clone()]).await;
+    let path =
+        site.config.paths.cdi_dynamic_dir.join(cdi::spec_file_name(&format!("k8s.{}", common::DRIVER), &claim.uid));
+    let spec: cdi::Spec =
+        serde_json::from_slice(&std::fs::read(&path).expect("read the sample spec")).expect("parse the sample spec");
+    agent.stop();
+    Sample { config: site.config.clone(), spec, claim, site }
+}
+
+/// One call with 32 claims (mock GPUs = 32), prepared then unprepared.
+async fn batch() {
+    let (site, agent, mut client) = ready_site(BATCH as u32, UNLIMITED).await;
+    let (mut prep, mut again, mut release) = (Samples::default(), Samples::default(), Samples::default());
+    for call in 0..(BATCH_CALLS + 2) {
+        let claims: Vec<v1::Claim> =
+            (0..BATCH).map(|k| site.claim(&format!("b{call}-{k}"), &[format!("gpu-{k}")])).collect();
+        let p = prepare(&mut client, claims.clone()).await;
+        let a = prepare(&mut client, claims.clone()).await;
+        let u = unprepare(&mut client, claims).await;
+        if call >= 2 {
+            prep.push(p);
+            again.push(a);
+            release.push(u);
+        }
+    }
+    println!(
+        "## {BATCH} claims per call ({BATCH_CALLS} calls, mock GPUs = {BATCH}, after 2 warm-up calls, rate limit lifted)\n"
+    );
+    println!("{}", latency_header());
+    println!("{}", prep.row("prepare, 32 claims"));
+    println!("{}", again.row("repeated prepare, 32 claims"));
+    println!("{}", release.row("unprepare, 32 claims"));
+    println!();
+    println!("per claim in a 32-claim call: prepare p50 {:.3} ms", ms(prep.percentile(50.0)) / BATCH as f64);
+    agent.stop();
+}
+
+/// A burst of 50 pod starts with edra's default client settings: 50 concurrent calls, one
+/// claim each, on 50 mock GPUs.
+async fn burst() {
+    const PODS: usize = 50;
+    let (site, agent, client) = ready_site(PODS as u32, None).await;
+    let claims: Vec<v1::Claim> = (0..PODS).map(|k| site.claim(&format!("p{k}"), &[format!("gpu-{k}")])).collect();
+    let start = Instant::now();
+    let calls = claims.into_iter().map(|c| {
+        let mut client = client.clone();
+        tokio::spawn(async move { prepare(&mut client, vec![c]).await })
+    });
+    let mut each = Samples::default();
+    for call in futures_util::future::join_all(calls).await {
+        each.push(call.expect("prepare task"));
+    }
+    let all = start.elapsed();
+    println!("## A burst of {PODS} pod starts, default client settings (qps 100, burst 200)\n");
+    println!("{}", latency_header());
+    println!("{}", each.row("prepare, 50 concurrent calls"));
+    println!();
+    println!("all {PODS} prepared after {:.1} ms\n", ms(all));
+    agent.stop();
+}
+
+/// Where a prepare's time goes: each durable step and the API GET alone, on the same
+/// filesystem (the site's temp dir) and against the same server.
+async fn breakdown(sample: Sample) {
+    const N: usize = 500;
+    let dir = sample.site.dir.path().join("breakdown");
+    std::fs::create_dir_all(&dir).expect("breakdown dir");
+
+    let mut fsync = Samples::default();
+    let file = dir.join("fsync-probe");
+    for _ in 0..N {
+        let t = Instant::now();
+        let mut f = std::fs::File::create(&file).expect("create the probe");
+        std::io::Write::write_all(&mut f, &[0u8; 1024]).expect("write the probe");
+        f.sync_all().expect("fsync the probe");
+        fsync.push(t.elapsed());
+    }
+
+    let store = Store::open(&dir.join("state")).expect("open a store");
+    let (mut started, mut completed, mut read, mut removed) =
+        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    let (mut spec_write, mut spec_remove) = (Samples::default(), Samples::default());
+    let cdi_dir = dir.join("cdi");
+    for i in 0..N {
+        let uid = format!("00000000-0000-4000-8000-{i:012x}");
+        let mut rec = ClaimRecord {
+            schema: SCHEMA_VERSION,
+            uid: uid.clone(),
+            namespace: common::NAMESPACE.into(),
+            name: format!("r{i}"),
+            phase: Phase::PrepareStarted,
+            devices: vec![DeviceRecord {
+                request: "gpu0".into(),
+                request_names: vec!["gpu0".into()],
+                device: format!("gpu-{}", i % 8),
+                pool: common::NODE.into(),
+                cdi_ids: vec![format!("k8s.{}/claim={uid}-gpu-{}", common::DRIVER, i % 8)],
+                admin_access: false,
+                share_id: None,
+                config: Default::default(),
+            }],
+            cdi_spec_path: cdi_dir.join(format!("{uid}.json")),
+            created_at: 0,
+            boot_id: String::new(),
+        };
+        let t = Instant::now();
+        store.put_claim(&rec).expect("put PrepareStarted");
+        started.push(t.elapsed());
+        let t = Instant::now();
+        cdi::write_spec(&rec.cdi_spec_path, &sample.spec).expect("write the spec");
+        spec_write.push(t.elapsed());
+        rec.phase = Phase::PrepareCompleted;
+        let t = Instant::now();
+        store.put_claim(&rec).expect("put PrepareCompleted");
+        completed.push(t.elapsed());
+        let t = Instant::now();
+        store.claim(&uid).expect("read").expect("record present");
+        read.push(t.elapsed());
+        let t = Instant::now();
+        cdi::remove_spec(&rec.cdi_spec_path).expect("remove the spec");
+        spec_remove.push(t.elapsed());
+        let t = Instant::now();
+        store.remove_claim(&uid).expect("remove");
+        removed.push(t.elapsed());
+    }
+
+    let mut config = sample.config.clone();
+    (config.kube.qps, config.kube.burst) = (100_000.0, 100_000);
+    let client = edra::kube::Client::from_config(&config).expect("client");
+    let api = client.discover_resource_api().await.expect("discovery");
+    let mut get = Samples::default();
+    for _ in 0..N {
+        let t = Instant::now();
+        client.get_claim(api, &sample.claim.namespace, &sample.claim.name).await.expect("GET the claim");
+        get.push(t.elapsed());
+    }
+
+    println!("## Where the time goes ({N} runs of each step, same filesystem and server)\n");
+    println!("{}", latency_header());
+    println!("{}", fsync.row("write 1 KiB + fsync (reference)"));
+    println!("{}", get.row("API GET of a claim (edra client, no limit)"));
+    println!("{}", read.row("sled read of a record"));
+    println!("{}", started.row("sled commit PrepareStarted (durable)"));
+    println!("{}", spec_write.row("CDI spec write+fsync+rename+dir fsync"));
+    println!("{}", completed.row("sled commit PrepareCompleted (durable)"));
+    println!("{}", spec_remove.row("CDI spec remove + dir fsync"));
+    println!("{}", removed.row("sled remove record (durable)"));
+    println!();
+    println!("CDI spec size: {} bytes", serde_json::to_vec_pretty(&sample.spec).map_or(0, |v| v.len()));
+}

@@ -1,0 +1,98 @@
+//! ResourceSlice publishing: API traffic of the first publish, writes at an accelerated
+//! steady state, and how fast a wiped pool is repaired. The agent (`edra::app::run`) runs
+//! in-process on its own two-thread runtime against the test API server on loopback HTTPS.
+//! Prints tables; `cargo bench --bench publish`.
+
+#[allow(unused_imports)]
+#[path = "../tests/it/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{DRIVER, InProcessAgent, NODE, Samples, Site, SiteSettings, latency_header, verb_table};
+use support::apiserver::Options;
+
+const GPUS: usize = 8;
+/// Real time the accelerated steady state runs.
+const STEADY: Duration = Duration::from_secs(30);
+/// Forced watch reconnects (`close_watches`) during the steady state: one per second.
+const RECONNECT_EVERY: Duration = Duration::from_secs(1);
+const WIPES: usize = 30;
+
+#[tokio::main]
+async fn main() {
+    println!("# edra publish benchmark (agent in-process, API server on loopback HTTPS, node credentials)\n");
+    let opts = Options { bookmark_interval: Duration::from_millis(100), ..Options::default() };
+    let site =
+        Site::new(opts, SiteSettings { gpus: GPUS as u32, rediscovery: "100ms", ..SiteSettings::default() }).await;
+
+    // (a) First publish: from agent start to all devices published.
+    let start = Instant::now();
+    let agent = InProcessAgent::start(site.config.clone());
+    site.wait_published(GPUS, Duration::from_secs(30)).await;
+    let took = start.elapsed();
+    // Let the post-write re-plan and the watch echo finish before reading the log.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log = site.server.requests();
+    let slices = site.server.with_state(|s| s.slices_on(NODE).len());
+    println!("## (a) First publish of {GPUS} mock GPUs ({slices} ResourceSlice), agent start → published\n");
+    println!("time to published: {:.1} ms\n", took.as_secs_f64() * 1000.0);
+    println!("{}\n", verb_table(&log, 0));
+    println!(
+        "watch stream bytes so far: {}; TCP connections: {}\n",
+        site.server.with_state(|s| s.watch_bytes()),
+        site.server.with_state(|s| s.connections_accepted())
+    );
+
+    // (b) Accelerated steady state.
+    let mark = site.server.request_mark();
+    let watch_bytes = site.server.with_state(|s| s.watch_bytes());
+    let rv = site.server.with_state(|s| s.resource_version());
+    let steady_start = Instant::now();
+    let mut reconnects = 0;
+    while steady_start.elapsed() < STEADY {
+        tokio::time::sleep(RECONNECT_EVERY).await;
+        site.server.close_watches();
+        reconnects += 1;
+    }
+    let log = site.server.requests();
+    let writes = site.server.writes_since(mark);
+    println!(
+        "## (b) Steady state, accelerated: {}s real time, rediscovery every 100 ms (~{} runs), bookmarks every 100 ms, {reconnects} forced watch reconnects\n",
+        STEADY.as_secs(),
+        STEADY.as_millis() / 100
+    );
+    println!("{}\n", verb_table(&log, mark));
+    println!(
+        "writes: {writes} (target 0); resourceVersion unchanged: {}; watch stream bytes: {}\n",
+        site.server.with_state(|s| s.resource_version()) == rv,
+        site.server.with_state(|s| s.watch_bytes()) - watch_bytes
+    );
+
+    // (c) Kubelet-style wipe → repaired.
+    let mut repair = Samples::default();
+    let mut repair_writes = Vec::new();
+    for _ in 0..WIPES {
+        let mark = site.server.request_mark();
+        let wiped = site.server.delete_slices_where(NODE, Some(DRIVER));
+        assert!(wiped > 0, "nothing to wipe");
+        let t = Instant::now();
+        site.wait_published(GPUS, Duration::from_secs(10)).await;
+        repair.push(t.elapsed());
+        // Space the wipes out so each repair (and its re-plan) is complete.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        repair_writes.push(site.server.writes_since(mark));
+    }
+    println!("## (c) Repair after a kubelet-style wipe of the pool ({WIPES} wipes)\n");
+    println!("{}", latency_header());
+    println!("{}", repair.row("wipe → all devices published again"));
+    println!();
+    println!(
+        "writes per repair: min {} max {} (the publisher debounces events for 100 ms before planning)\n",
+        repair_writes.iter().min().copied().unwrap_or(0),
+        repair_writes.iter().max().copied().unwrap_or(0)
+    );
+    agent.stop();
+}
