@@ -235,20 +235,17 @@ impl Publisher {
                 Err(e) => return (n, Err(e)),
             }
         }
-        for u in &p.updates {
+        // Updates, then creates; the server's answer becomes our view at once, so the
+        // watch echo of our own write changes nothing.
+        let writes = p.updates.iter().map(|s| (s, true)).chain(p.creates.iter().map(|s| (s, false)));
+        for (slice, existing) in writes {
             n += 1;
-            match self.client.update_slice(self.api, u).await {
-                Ok(s) => {
-                    if let Some(name) = s.metadata.name.clone() {
-                        observed.insert(name, s);
-                    }
-                }
-                Err(e) => return (n, Err(e)),
-            }
-        }
-        for c in &p.creates {
-            n += 1;
-            match self.client.create_slice(self.api, c).await {
+            let written = if existing {
+                self.client.update_slice(self.api, slice).await
+            } else {
+                self.client.create_slice(self.api, slice).await
+            };
+            match written {
                 Ok(s) => {
                     if let Some(name) = s.metadata.name.clone() {
                         observed.insert(name, s);
