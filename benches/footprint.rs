@@ -20,7 +20,8 @@ use edra::plugin::proto::dra_v1 as v1;
 use support::apiserver::Options;
 
 const GPUS: usize = 8;
-const CYCLES: usize = 10_000;
+/// Measured cycles; `BENCH_CYCLES` overrides (e.g. shorter runs under a heap profiler).
+const DEFAULT_CYCLES: usize = 10_000;
 const WARMUP_CYCLES: usize = 200;
 const SETTLE: Duration = Duration::from_secs(5);
 
@@ -31,7 +32,11 @@ async fn main() {
         eprintln!("{} is missing: run `cargo build --release` first (see docs/benchmarks.md)", bin.display());
         std::process::exit(1);
     };
-    if common::has_symbol_table(&bin) {
+    let cycles = std::env::var("BENCH_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CYCLES);
+    // `BENCH_PROFILE=1` accepts a binary with symbols or a wrapper script (heaptrack, strace):
+    // the memory figures are then the profiler's, not the shipped binary's.
+    let profiling = std::env::var_os("BENCH_PROFILE").is_some();
+    if !profiling && common::has_symbol_table(&bin) {
         eprintln!(
             "{} is not the stripped release build (cargo bench rebuilds target/release/edra with the bench \
              profile): `cargo build --release && cp target/release/edra target/edra.release`, then run with \
@@ -51,6 +56,7 @@ async fn main() {
     // Log level info: what a node runs by default.
     let settings = SiteSettings { gpus: GPUS as u32, log_level: "info", ..SiteSettings::default() };
     let site = Site::new(Options::default(), settings).await;
+    println!("Layout: {}\n", site.layout_note);
     let start = Instant::now();
     let mut child = common::spawn_release(&site);
     let pid = child.id();
@@ -87,7 +93,7 @@ async fn main() {
     let (mut prep, mut release) = (Samples::default(), Samples::default());
     let mut warm = None;
     let mut trend = Vec::new();
-    for i in 0..(WARMUP_CYCLES + CYCLES) {
+    for i in 0..(WARMUP_CYCLES + cycles) {
         let claim = site.claim(&format!("c{i}"), &[format!("gpu-{}", i % GPUS)]);
         let t = Instant::now();
         let answer = client
@@ -112,7 +118,7 @@ async fn main() {
         if i + 1 == WARMUP_CYCLES {
             warm = Some(proc_status(pid));
         }
-        if (i + 1) % 2000 == 0 || i + 1 == WARMUP_CYCLES {
+        if (i + 1) % (cycles / 5).max(1) == 0 || i + 1 == WARMUP_CYCLES {
             let now = proc_status(pid);
             trend.push((i + 1, get(&now, "VmRSS"), get(&now, "RssAnon")));
         }
@@ -127,9 +133,9 @@ async fn main() {
 
     println!("## Memory (KiB, /proc/<pid>/status)\n");
     println!(
-        "| field | idle ({}s after published) | after {WARMUP_CYCLES} cycles | after {} cycles | growth over the last {CYCLES} |",
+        "| field | idle ({}s after published) | after {WARMUP_CYCLES} cycles | after {} cycles | growth over the last {cycles} |",
         SETTLE.as_secs(),
-        WARMUP_CYCLES + CYCLES
+        WARMUP_CYCLES + cycles
     );
     println!("|---|---:|---:|---:|---:|");
     for field in ["VmRSS", "VmHWM", "RssAnon", "RssFile", "VmData", "Threads"] {
@@ -155,7 +161,7 @@ async fn main() {
         idle_ticks as f64 / clock_ticks() as f64
     );
     println!(
-        "## Latency of the release binary ({CYCLES} cycles, one claim per call, after {WARMUP_CYCLES} warm-up cycles, log level info)\n"
+        "## Latency of the release binary ({cycles} cycles, one claim per call, after {WARMUP_CYCLES} warm-up cycles, log level info)\n"
     );
     println!("{}", latency_header());
     println!("{}", prep.row("prepare"));
