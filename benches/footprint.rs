@@ -5,6 +5,10 @@
 //! `target/release/edra` with the bench profile, so: `cargo build --release && cp
 //! target/release/edra target/edra.release && BENCH_BINARY=target/edra.release cargo bench
 //! --bench footprint`.
+//!
+//! For profiling runs: `BENCH_CYCLES=n` (measured cycles), `BENCH_PROFILE=1` (accept a binary
+//! with symbols, or a wrapper script running heaptrack or strace), `BENCH_HOLD=s` (keep the
+//! agent idle that long before stopping it). docs/benchmarks.md has the recipes.
 
 #[allow(unused_imports)]
 #[path = "../tests/it/support/mod.rs"]
@@ -168,6 +172,11 @@ async fn main() {
     println!("{}", release.row("unprepare"));
     println!();
 
+    // `BENCH_HOLD=<seconds>`: keep the agent idle before stopping it, e.g. to attach a debugger.
+    if let Some(hold) = std::env::var("BENCH_HOLD").ok().and_then(|v| v.parse().ok()) {
+        eprintln!("holding edra (pid {pid}) for {hold} s");
+        tokio::time::sleep(Duration::from_secs(hold)).await;
+    }
     // SIGTERM: shut down within the grace period and remove the sockets.
     let t = Instant::now();
     // SAFETY: kill(2) with our own child's pid and a valid signal number.

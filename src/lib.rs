@@ -14,10 +14,8 @@
 //! - [`doctor`]: `edra doctor`, node and cluster checks that say what to fix.
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
-//! - [`allocator`]: process-wide malloc settings applied at start.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
 
-pub mod allocator;
 pub mod app;
 pub mod cli;
 pub mod config;

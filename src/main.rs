@@ -13,8 +13,6 @@ use edra::config::Config;
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
-    // Before any thread exists: see `edra::allocator` for why edra caps glibc's arenas.
-    edra::allocator::limit_arenas();
     let cli = Cli::parse();
     if let Command::Version = cli.command {
         println!("edra {}", edra::VERSION);
