@@ -124,7 +124,7 @@ async fn main() {
         }
         if (i + 1) % (cycles / 5).max(1) == 0 || i + 1 == WARMUP_CYCLES {
             let now = proc_status(pid);
-            trend.push((i + 1, get(&now, "VmRSS"), get(&now, "RssAnon")));
+            trend.push((i + 1, get(&now, "VmRSS"), get(&now, "RssAnon"), anon_by_mapping(pid)));
         }
         if i >= WARMUP_CYCLES {
             prep.push(p);
@@ -147,9 +147,13 @@ async fn main() {
         println!("| {field} | {a} | {b} | {c} | {:+} |", c as i64 - b as i64);
     }
     println!();
-    println!("VmRSS / RssAnon (KiB) as the cycles go:\n\n| cycles | VmRSS | RssAnon |\n|---:|---:|---:|");
-    for (n, rss, anon) in &trend {
-        println!("| {n} | {rss} | {anon} |");
+    println!(
+        "VmRSS / RssAnon (KiB) as the cycles go, and where the anonymous pages are (smaps):\n\n\
+         | cycles | VmRSS | RssAnon | [heap] | anonymous mappings | file mappings (relocated data) | [stack], [vdso] |\n\
+         |---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (n, rss, anon, (heap, maps, file, stacks)) in &trend {
+        println!("| {n} | {rss} | {anon} | {heap} | {maps} | {file} | {stacks} |");
     }
     println!();
     println!(
@@ -214,6 +218,34 @@ fn largest_mappings(pid: u32, n: usize) -> Vec<(u64, u64, String)> {
     out.sort_by_key(|m| std::cmp::Reverse(m.0));
     out.truncate(n);
     out
+}
+
+/// Anonymous KiB of `pid` by kind of mapping: ([heap], unnamed mappings (malloc arenas,
+/// large allocations, thread stacks), file mappings, the named ones ([stack], [vdso]).
+fn anon_by_mapping(pid: u32) -> (u64, u64, u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let (mut heap, mut maps, mut file, mut stacks) = (0, 0, 0, 0);
+    let mut kind = 0u8;
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            kind = match line.split_whitespace().nth(5) {
+                Some("[heap]") => 0,
+                None => 1,
+                Some(n) if n.starts_with('[') => 3,
+                Some(_) => 2,
+            };
+        } else if first == "Anonymous:" {
+            let v = line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            match kind {
+                0 => heap += v,
+                1 => maps += v,
+                2 => file += v,
+                _ => stacks += v,
+            }
+        }
+    }
+    (heap, maps, file, stacks)
 }
 
 fn get(m: &std::collections::BTreeMap<String, u64>, k: &str) -> u64 {
