@@ -5,6 +5,10 @@
 //! `target/release/edra` with the bench profile, so: `cargo build --release && cp
 //! target/release/edra target/edra.release && BENCH_BINARY=target/edra.release cargo bench
 //! --bench footprint`.
+//!
+//! For profiling runs: `BENCH_CYCLES=n` (measured cycles), `BENCH_PROFILE=1` (accept a binary
+//! with symbols, or a wrapper script running heaptrack or strace), `BENCH_HOLD=s` (keep the
+//! agent idle that long before stopping it). docs/benchmarks.md has the recipes.
 
 #[allow(unused_imports)]
 #[path = "../tests/it/support/mod.rs"]
@@ -20,7 +24,8 @@ use edra::plugin::proto::dra_v1 as v1;
 use support::apiserver::Options;
 
 const GPUS: usize = 8;
-const CYCLES: usize = 10_000;
+/// Measured cycles; `BENCH_CYCLES` overrides (e.g. shorter runs under a heap profiler).
+const DEFAULT_CYCLES: usize = 10_000;
 const WARMUP_CYCLES: usize = 200;
 const SETTLE: Duration = Duration::from_secs(5);
 
@@ -31,7 +36,11 @@ async fn main() {
         eprintln!("{} is missing: run `cargo build --release` first (see docs/benchmarks.md)", bin.display());
         std::process::exit(1);
     };
-    if common::has_symbol_table(&bin) {
+    let cycles = std::env::var("BENCH_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CYCLES);
+    // `BENCH_PROFILE=1` accepts a binary with symbols or a wrapper script (heaptrack, strace):
+    // the memory figures are then the profiler's, not the shipped binary's.
+    let profiling = std::env::var_os("BENCH_PROFILE").is_some();
+    if !profiling && common::has_symbol_table(&bin) {
         eprintln!(
             "{} is not the stripped release build (cargo bench rebuilds target/release/edra with the bench \
              profile): `cargo build --release && cp target/release/edra target/edra.release`, then run with \
@@ -51,6 +60,7 @@ async fn main() {
     // Log level info: what a node runs by default.
     let settings = SiteSettings { gpus: GPUS as u32, log_level: "info", ..SiteSettings::default() };
     let site = Site::new(Options::default(), settings).await;
+    println!("Layout: {}\n", site.layout_note);
     let start = Instant::now();
     let mut child = common::spawn_release(&site);
     let pid = child.id();
@@ -87,7 +97,7 @@ async fn main() {
     let (mut prep, mut release) = (Samples::default(), Samples::default());
     let mut warm = None;
     let mut trend = Vec::new();
-    for i in 0..(WARMUP_CYCLES + CYCLES) {
+    for i in 0..(WARMUP_CYCLES + cycles) {
         let claim = site.claim(&format!("c{i}"), &[format!("gpu-{}", i % GPUS)]);
         let t = Instant::now();
         let answer = client
@@ -112,9 +122,9 @@ async fn main() {
         if i + 1 == WARMUP_CYCLES {
             warm = Some(proc_status(pid));
         }
-        if (i + 1) % 2000 == 0 || i + 1 == WARMUP_CYCLES {
+        if (i + 1) % (cycles / 5).max(1) == 0 || i + 1 == WARMUP_CYCLES {
             let now = proc_status(pid);
-            trend.push((i + 1, get(&now, "VmRSS"), get(&now, "RssAnon")));
+            trend.push((i + 1, get(&now, "VmRSS"), get(&now, "RssAnon"), anon_by_mapping(pid)));
         }
         if i >= WARMUP_CYCLES {
             prep.push(p);
@@ -127,9 +137,9 @@ async fn main() {
 
     println!("## Memory (KiB, /proc/<pid>/status)\n");
     println!(
-        "| field | idle ({}s after published) | after {WARMUP_CYCLES} cycles | after {} cycles | growth over the last {CYCLES} |",
+        "| field | idle ({}s after published) | after {WARMUP_CYCLES} cycles | after {} cycles | growth over the last {cycles} |",
         SETTLE.as_secs(),
-        WARMUP_CYCLES + CYCLES
+        WARMUP_CYCLES + cycles
     );
     println!("|---|---:|---:|---:|---:|");
     for field in ["VmRSS", "VmHWM", "RssAnon", "RssFile", "VmData", "Threads"] {
@@ -137,9 +147,13 @@ async fn main() {
         println!("| {field} | {a} | {b} | {c} | {:+} |", c as i64 - b as i64);
     }
     println!();
-    println!("VmRSS / RssAnon (KiB) as the cycles go:\n\n| cycles | VmRSS | RssAnon |\n|---:|---:|---:|");
-    for (n, rss, anon) in &trend {
-        println!("| {n} | {rss} | {anon} |");
+    println!(
+        "VmRSS / RssAnon (KiB) as the cycles go, and where the anonymous pages are (smaps):\n\n\
+         | cycles | VmRSS | RssAnon | [heap] | anonymous mappings | file mappings (relocated data) | [stack], [vdso] |\n\
+         |---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (n, rss, anon, (heap, maps, file, stacks)) in &trend {
+        println!("| {n} | {rss} | {anon} | {heap} | {maps} | {file} | {stacks} |");
     }
     println!();
     println!(
@@ -155,13 +169,18 @@ async fn main() {
         idle_ticks as f64 / clock_ticks() as f64
     );
     println!(
-        "## Latency of the release binary ({CYCLES} cycles, one claim per call, after {WARMUP_CYCLES} warm-up cycles, log level info)\n"
+        "## Latency of the release binary ({cycles} cycles, one claim per call, after {WARMUP_CYCLES} warm-up cycles, log level info)\n"
     );
     println!("{}", latency_header());
     println!("{}", prep.row("prepare"));
     println!("{}", release.row("unprepare"));
     println!();
 
+    // `BENCH_HOLD=<seconds>`: keep the agent idle before stopping it, e.g. to attach a debugger.
+    if let Some(hold) = std::env::var("BENCH_HOLD").ok().and_then(|v| v.parse().ok()) {
+        eprintln!("holding edra (pid {pid}) for {hold} s");
+        tokio::time::sleep(Duration::from_secs(hold)).await;
+    }
     // SIGTERM: shut down within the grace period and remove the sockets.
     let t = Instant::now();
     // SAFETY: kill(2) with our own child's pid and a valid signal number.
@@ -199,6 +218,34 @@ fn largest_mappings(pid: u32, n: usize) -> Vec<(u64, u64, String)> {
     out.sort_by_key(|m| std::cmp::Reverse(m.0));
     out.truncate(n);
     out
+}
+
+/// Anonymous KiB of `pid` by kind of mapping: ([heap], unnamed mappings (malloc arenas,
+/// large allocations, thread stacks), file mappings, the named ones ([stack], [vdso]).
+fn anon_by_mapping(pid: u32) -> (u64, u64, u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let (mut heap, mut maps, mut file, mut stacks) = (0, 0, 0, 0);
+    let mut kind = 0u8;
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            kind = match line.split_whitespace().nth(5) {
+                Some("[heap]") => 0,
+                None => 1,
+                Some(n) if n.starts_with('[') => 3,
+                Some(_) => 2,
+            };
+        } else if first == "Anonymous:" {
+            let v = line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            match kind {
+                0 => heap += v,
+                1 => maps += v,
+                2 => file += v,
+                _ => stacks += v,
+            }
+        }
+    }
+    (heap, maps, file, stacks)
 }
 
 fn get(m: &std::collections::BTreeMap<String, u64>, k: &str) -> u64 {

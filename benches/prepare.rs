@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{InProcessAgent, Samples, Site, SiteSettings, latency_header, ms};
+use common::{InProcessAgent, Layout, Samples, Site, SiteSettings, latency_header, ms};
 use edra::plugin::proto::dra_v1 as v1;
 use edra::plugin::proto::dra_v1::dra_plugin_client::DraPluginClient;
 use edra::prepare::cdi;
@@ -28,7 +28,9 @@ const WARMUP: usize = 40;
 #[tokio::main]
 async fn main() {
     println!("# edra prepare benchmark (agent in-process, gRPC over a Unix socket, API server on loopback HTTPS)\n");
-    let sample = single(8).await;
+    let sample = single(8, Layout::Production).await;
+    let same_disk = single(8, Layout::SameDisk).await;
+    drop(same_disk);
     batch().await;
     burst().await;
     breakdown(sample).await;
@@ -69,8 +71,12 @@ async fn unprepare(client: &mut DraPluginClient<Channel>, claims: Vec<v1::Claim>
 /// edra's default 100 requests/s once its burst of 200 is spent.
 const UNLIMITED: Option<(u32, u32)> = Some((100_000, 100_000));
 
-async fn ready_site(gpus: u32, rate_limit: Option<(u32, u32)>) -> (Site, InProcessAgent, DraPluginClient<Channel>) {
-    let settings = SiteSettings { gpus, rate_limit, ..SiteSettings::default() };
+async fn ready_site(
+    gpus: u32,
+    rate_limit: Option<(u32, u32)>,
+    layout: Layout,
+) -> (Site, InProcessAgent, DraPluginClient<Channel>) {
+    let settings = SiteSettings { gpus, rate_limit, layout, ..SiteSettings::default() };
     let site = Site::new(Options::default(), settings).await;
     let agent = InProcessAgent::start(site.config.clone());
     site.wait_published(gpus as usize, Duration::from_secs(30)).await;
@@ -88,8 +94,8 @@ struct Sample {
 }
 
 /// One claim per call: prepare (API GET + sled + CDI), repeated prepare (sled only), unprepare.
-async fn single(gpus: u32) -> Sample {
-    let (site, agent, mut client) = ready_site(gpus, UNLIMITED).await;
+async fn single(gpus: u32, layout: Layout) -> Sample {
+    let (site, agent, mut client) = ready_site(gpus, UNLIMITED, layout).await;
     let (mut first, mut again, mut release) = (Samples::default(), Samples::default(), Samples::default());
     let mut gets = 0usize;
     let mut server_get = Samples::default();
@@ -140,7 +146,8 @@ async fn single(gpus: u32) -> Sample {
         i += wave.len();
     }
     println!(
-        "## One claim per call ({SINGLE} distinct claims, mock GPUs = {gpus}, after {WARMUP} warm-up claims, client rate limit lifted)\n"
+        "## One claim per call ({SINGLE} distinct claims, mock GPUs = {gpus}, after {WARMUP} warm-up claims, client rate limit lifted)\n\n{}\n",
+        site.layout_note
     );
     println!("{}", latency_header());
     println!("{}", first.row("prepare (API GET + sled + CDI spec)"));
@@ -167,7 +174,7 @@ async fn single(gpus: u32) -> Sample {
 
 /// One call with 32 claims (mock GPUs = 32), prepared then unprepared.
 async fn batch() {
-    let (site, agent, mut client) = ready_site(BATCH as u32, UNLIMITED).await;
+    let (site, agent, mut client) = ready_site(BATCH as u32, UNLIMITED, Layout::Production).await;
     let (mut prep, mut again, mut release) = (Samples::default(), Samples::default(), Samples::default());
     for call in 0..(BATCH_CALLS + 2) {
         let claims: Vec<v1::Claim> =
@@ -197,7 +204,7 @@ async fn batch() {
 /// claim each, on 50 mock GPUs.
 async fn burst() {
     const PODS: usize = 50;
-    let (site, agent, client) = ready_site(PODS as u32, None).await;
+    let (site, agent, client) = ready_site(PODS as u32, None, Layout::Production).await;
     let claims: Vec<v1::Claim> = (0..PODS).map(|k| site.claim(&format!("p{k}"), &[format!("gpu-{k}")])).collect();
     let start = Instant::now();
     let calls = claims.into_iter().map(|c| {
@@ -217,8 +224,8 @@ async fn burst() {
     agent.stop();
 }
 
-/// Where a prepare's time goes: each durable step and the API GET alone, on the same
-/// filesystem (the site's temp dir) and against the same server.
+/// Where a prepare's time goes: each durable step and the API GET alone, on the production
+/// layout (state on disk, CDI specs on tmpfs when there is one) and against the same server.
 async fn breakdown(sample: Sample) {
     const N: usize = 500;
     let dir = sample.site.dir.path().join("breakdown");
@@ -238,7 +245,8 @@ async fn breakdown(sample: Sample) {
     let (mut started, mut completed, mut read, mut removed) =
         (Samples::default(), Samples::default(), Samples::default(), Samples::default());
     let (mut spec_write, mut spec_remove) = (Samples::default(), Samples::default());
-    let cdi_dir = dir.join("cdi");
+    let cdi_dir = sample.site.cdi_dir.join("breakdown");
+    std::fs::create_dir_all(&cdi_dir).expect("breakdown CDI dir");
     for i in 0..N {
         let uid = format!("00000000-0000-4000-8000-{i:012x}");
         let mut rec = ClaimRecord {
@@ -293,7 +301,7 @@ async fn breakdown(sample: Sample) {
         get.push(t.elapsed());
     }
 
-    println!("## Where the time goes ({N} runs of each step, same filesystem and server)\n");
+    println!("## Where the time goes ({N} runs of each step, same server; {})\n", sample.site.layout_note);
     println!("{}", latency_header());
     println!("{}", fsync.row("write 1 KiB + fsync (reference)"));
     println!("{}", get.row("API GET of a claim (edra client, no limit)"));

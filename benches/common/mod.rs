@@ -27,7 +27,13 @@ pub const NAMESPACE: &str = "bench";
 
 /// A test API server with a node, a node kubeconfig and an edra configuration in a temp dir.
 pub struct Site {
+    /// The site's files and the state directory (`<dir>/state`), on disk.
     pub dir: tempfile::TempDir,
+    /// The CDI spec directory (static and dynamic).
+    pub cdi_dir: PathBuf,
+    /// Where the CDI directory is, in words, for the tables.
+    pub layout_note: String,
+    _cdi_tmp: Option<tempfile::TempDir>,
     pub server: TestApiServer,
     pub config_path: PathBuf,
     pub config: Config,
@@ -40,11 +46,29 @@ pub struct SiteSettings {
     pub log_level: &'static str,
     /// `kubernetes.qps` and `kubernetes.burst`; `None` keeps edra's defaults (100/s, 200).
     pub rate_limit: Option<(u32, u32)>,
+    pub layout: Layout,
+}
+
+/// Where the state and CDI directories live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// As on a node: the state on disk (a temp dir under `target/`), the CDI dynamic
+    /// directory on tmpfs (`/dev/shm`, standing in for `/var/run/cdi`).
+    Production,
+    /// Both on disk, in the site's temp dir under `target/`.
+    SameDisk,
+}
+
+/// The temp dir root on disk: `target/bench-tmp` (`$TMPDIR` may be tmpfs).
+pub fn disk_tmp_root() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-tmp");
+    std::fs::create_dir_all(&root).expect("create target/bench-tmp");
+    root
 }
 
 impl Default for SiteSettings {
     fn default() -> Self {
-        Self { gpus: 8, rediscovery: "60s", log_level: "warn", rate_limit: None }
+        Self { gpus: 8, rediscovery: "60s", log_level: "warn", rate_limit: None, layout: Layout::Production }
     }
 }
 
@@ -52,7 +76,17 @@ impl Site {
     /// Starts the server (node authorizer on, as on a real cluster with node credentials)
     /// and writes the configuration.
     pub async fn new(opts: Options, settings: SiteSettings) -> Site {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = tempfile::tempdir_in(disk_tmp_root()).expect("temp dir");
+        let shm = Path::new("/dev/shm");
+        let (cdi_tmp, layout_note) = match settings.layout {
+            Layout::Production if shm.is_dir() => match tempfile::tempdir_in(shm) {
+                Ok(t) => (Some(t), "state on disk (target/bench-tmp), CDI dir on tmpfs (/dev/shm)".to_string()),
+                Err(e) => (None, format!("state and CDI dir on disk: /dev/shm unusable ({e})")),
+            },
+            Layout::Production => (None, "state and CDI dir on disk: no /dev/shm on this machine".to_string()),
+            Layout::SameDisk => (None, "state and CDI dir on the same disk (target/bench-tmp)".to_string()),
+        };
+        let cdi_dir = cdi_tmp.as_ref().map_or_else(|| dir.path().join("cdi"), |t| t.path().to_path_buf());
         let server = TestApiServer::start(Options { node_authorizer: true, ..opts }).await.expect("start the server");
         server.add_node(NODE);
         let kubeconfig = server.write_kubeconfig(dir.path(), &Identity::node(NODE)).expect("write the kubeconfig");
@@ -75,8 +109,8 @@ kubeconfig = "{kubeconfig}"
 root_dir = "{d}/kubelet"
 
 [cdi]
-spec_dirs = ["{d}/cdi"]
-dynamic_dir = "{d}/cdi"
+spec_dirs = ["{cdi}"]
+dynamic_dir = "{cdi}"
 
 [paths]
 state_dir = "{d}/state"
@@ -93,6 +127,7 @@ gpus = {gpus}
             log = settings.log_level,
             kubeconfig = kubeconfig.display(),
             d = d.display(),
+            cdi = cdi_dir.display(),
             rediscovery = settings.rediscovery,
             gpus = settings.gpus,
             rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
@@ -110,7 +145,7 @@ gpus = {gpus}
             Ok(c) => c,
             Err(problems) => panic!("bench configuration rejected: {problems:?}"),
         };
-        Site { dir, server, config_path, config }
+        Site { dir, cdi_dir, layout_note, _cdi_tmp: cdi_tmp, server, config_path, config }
     }
 
     pub fn dra_socket(&self) -> PathBuf {

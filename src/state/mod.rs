@@ -24,6 +24,11 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 pub use record::{ClaimRecord, DeviceRecord, Phase, RecordError, SCHEMA_VERSION};
 
 const META_SCHEMA: &[u8] = b"schema";
+/// Upper bound of sled's in-memory page cache. sled's default is 1 GiB; edra's state is a
+/// few hundred bytes per prepared claim, so a node's whole database fits many times over
+/// in 8 MiB, and the bound keeps a long-lived agent's memory from following sled's
+/// history of pages.
+pub const CACHE_CAPACITY: u64 = 8 * 1024 * 1024;
 const META_BOOT_ID: &[u8] = b"boot_id";
 
 /// What went wrong with the state store.
@@ -145,7 +150,7 @@ impl Store {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(create_err)?;
         let open_err =
             |source: sled::Error| StateError::Open { dir: dir.to_path_buf(), hint: open_hint(&source), source };
-        let db = sled::Config::new().path(dir).open().map_err(open_err)?;
+        let db = sled::Config::new().path(dir).cache_capacity(CACHE_CAPACITY).open().map_err(open_err)?;
         let tree = |name: &str| db.open_tree(name).map_err(open_err);
         let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
         let log = Arc::new(File::open(dir.join("db")).map_err(sync_err)?);
