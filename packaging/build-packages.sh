@@ -37,8 +37,11 @@ for tool in deb generate-rpm; do
 		exit 1
 	fi
 done
+# cargo-zigbuild has no --version; it needs zig on PATH or the ziglang Python package.
 has_zigbuild=false
-if cargo zigbuild --version >/dev/null 2>&1; then has_zigbuild=true; fi
+if command -v cargo-zigbuild >/dev/null && { command -v zig >/dev/null || python3 -m ziglang version >/dev/null 2>&1; }; then
+	has_zigbuild=true
+fi
 
 triple=""
 if [ -n "$arch" ]; then
