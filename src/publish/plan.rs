@@ -2,9 +2,9 @@
 //!
 //! [`plan`] compares the slices the API server has for this node and driver (as the
 //! watcher sees them) with the desired slices for the inventory, and returns the deletes,
-//! updates and creates that converge them, following the upstream slice controller
-//! (dra-protocol.md §6.2): slices are matched by the index encoded in their name within
-//! the current pool generation; anything else of ours is obsolete and deleted with
+//! updates and creates that converge them, following Kubernetes' resourceslice
+//! controller: slices are matched by the index encoded in their name within the current
+//! pool generation; anything else of ours is obsolete and deleted with
 //! preconditions; the pool generation is bumped when more than one slice changes or new
 //! slices are needed, so the scheduler never mixes two versions of the pool. When nothing
 //! differs the plan is empty: zero writes at steady state.

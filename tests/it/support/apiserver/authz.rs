@@ -1,6 +1,6 @@
 //! Authorization: test-forbidden (user, verb, resource) combinations, and an optional
 //! emulation of the node authorizer plus NodeRestriction admission for identities
-//! `system:node:<name>` in group `system:nodes` (see dra-protocol §7.1). Without emulation
+//! `system:node:<name>` in group `system:nodes` (the Node authorizer and NodeRestriction). Without emulation
 //! every authenticated identity may do everything not explicitly forbidden.
 
 use super::UserInfo;
@@ -69,7 +69,7 @@ fn admission_denial(attrs: &Attributes<'_>, what: &str) -> ApiError {
     ApiError::forbidden(message, attrs.resource, attrs.name.unwrap_or_default())
 }
 
-/// Decides one request. `node_authorizer` enables the §7.1 emulation.
+/// Decides one request. `node_authorizer` enables the node-authorizer emulation.
 pub fn authorize(
     identity: &UserInfo,
     attrs: &Attributes<'_>,
