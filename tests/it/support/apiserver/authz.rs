@@ -1,7 +1,7 @@
 //! Authorization: test-forbidden (user, verb, resource) combinations, and an optional
 //! emulation of the node authorizer plus NodeRestriction admission for identities
-//! `system:node:<name>` in group `system:nodes` (the Node authorizer and NodeRestriction). Without emulation
-//! every authenticated identity may do everything not explicitly forbidden.
+//! `system:node:<name>` in group `system:nodes`. Without emulation every authenticated
+//! identity may do everything not explicitly forbidden.
 
 use super::UserInfo;
 use super::status::{ApiError, CLAIMS, NODES, Resource, SLICES};
