@@ -194,7 +194,7 @@ pub fn kubelet_dirs(paths: &Paths) -> CheckResult {
 
 /// The claim UIDs of edra's spec files (`k8s.<driver>-claim_<uid>.json`) in `dir`, sorted.
 pub fn edra_spec_uids(dir: &Path, driver: &str) -> Vec<String> {
-    let vendor = format!("k8s.{driver}");
+    let vendor = crate::prepare::cdi::vendor(driver);
     let mut uids: Vec<String> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()

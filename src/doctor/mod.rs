@@ -193,10 +193,11 @@ pub(crate) fn test_config(root: &std::path::Path, extra: &[(&str, &str)]) -> Con
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn report() -> Report {
+    /// A small report shared by the doctor's tests.
+    pub(crate) fn report() -> Report {
         Report {
             checks: vec![
                 CheckResult::pass("backend", "NVML 550.54.15, 2 GPUs"),

@@ -113,16 +113,8 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::super::CheckResult;
+    use super::super::tests::report;
     use super::*;
-
-    fn report() -> Report {
-        Report {
-            checks: vec![
-                CheckResult::pass("backend", "NVML 550.54.15, 2 GPUs"),
-                CheckResult::new("state", Status::Warn, "mode 0755", "chmod 700 /var/lib/edra"),
-            ],
-        }
-    }
 
     #[test]
     fn json_has_checks_and_summary() {

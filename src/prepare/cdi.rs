@@ -156,6 +156,11 @@ pub struct SpecLayout<'a> {
     pub host_driver_root: Option<&'a Path>,
 }
 
+/// The CDI vendor of a driver's specs: `k8s.<driver>`.
+pub fn vendor(driver: &str) -> String {
+    format!("k8s.{driver}")
+}
+
 /// The kind `vendor/class`.
 pub fn kind(vendor: &str) -> String {
     format!("{vendor}/{CLAIM_CLASS}")

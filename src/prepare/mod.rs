@@ -109,7 +109,7 @@ impl PrepareSettings {
 
     /// The CDI vendor: `k8s.<driver>`.
     pub fn cdi_vendor(&self) -> String {
-        format!("k8s.{}", self.driver)
+        cdi::vendor(&self.driver)
     }
 
     /// The spec file of claim `uid`.
