@@ -96,6 +96,7 @@ async fn main() {
     let mut client = support::kubelet::dra_v1(&site.dra_socket()).await;
     let (mut prep, mut release) = (Samples::default(), Samples::default());
     let mut warm = None;
+    let mut warm_maps = Vec::new();
     let mut trend = Vec::new();
     for i in 0..(WARMUP_CYCLES + cycles) {
         let claim = site.claim(&format!("c{i}"), &[format!("gpu-{}", i % GPUS)]);
@@ -121,10 +122,18 @@ async fn main() {
         site.server.delete_claim(common::NAMESPACE, &format!("c{i}"));
         if i + 1 == WARMUP_CYCLES {
             warm = Some(proc_status(pid));
+            warm_maps = anon_mappings(pid);
         }
-        if (i + 1) % (cycles / 5).max(1) == 0 || i + 1 == WARMUP_CYCLES {
+        if (i + 1) % (cycles / 10).max(1) == 0 || i + 1 == WARMUP_CYCLES {
             let now = proc_status(pid);
-            trend.push((i + 1, get(&now, "VmRSS"), get(&now, "RssAnon"), anon_by_mapping(pid)));
+            trend.push((
+                i + 1,
+                get(&now, "VmRSS"),
+                get(&now, "RssAnon"),
+                get(&now, "Threads"),
+                support::procfs::malloc_arena_heaps(pid),
+                anon_by_mapping(pid),
+            ));
         }
         if i >= WARMUP_CYCLES {
             prep.push(p);
@@ -149,11 +158,29 @@ async fn main() {
     println!();
     println!(
         "VmRSS / RssAnon (KiB) as the cycles go, and where the anonymous pages are (smaps):\n\n\
-         | cycles | VmRSS | RssAnon | [heap] | anonymous mappings | file mappings (relocated data) | [stack], [vdso] |\n\
-         |---:|---:|---:|---:|---:|---:|---:|"
+         | cycles | VmRSS | RssAnon | threads | malloc arenas besides the main one | [heap] | anonymous mappings | file mappings (relocated data) | [stack], [vdso] |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
-    for (n, rss, anon, (heap, maps, file, stacks)) in &trend {
-        println!("| {n} | {rss} | {anon} | {heap} | {maps} | {file} | {stacks} |");
+    for (n, rss, anon, threads, arenas, (heap, maps, file, stacks)) in &trend {
+        println!("| {n} | {rss} | {anon} | {threads} | {arenas} | {heap} | {maps} | {file} | {stacks} |");
+    }
+    println!();
+    println!(
+        "anonymous mappings that changed between {WARMUP_CYCLES} cycles and the end (KiB; Size, Anonymous):\n\n\
+         | mapping | perms | size before | size after | anon before | anon after |\n|---|---|---:|---:|---:|---:|"
+    );
+    let end_maps = anon_mappings(pid);
+    for (range, perms, size, anon) in &end_maps {
+        let before = warm_maps.iter().find(|m| &m.0 == range);
+        let (bsize, banon) = before.map(|m| (m.2, m.3)).unwrap_or((0, 0));
+        if before.is_none() || banon != *anon {
+            println!("| {range} | {perms} | {bsize} | {size} | {banon} | {anon} |");
+        }
+    }
+    for (range, perms, size, anon) in &warm_maps {
+        if !end_maps.iter().any(|m| &m.0 == range) {
+            println!("| {range} (gone) | {perms} | {size} | 0 | {anon} | 0 |");
+        }
     }
     println!();
     println!(
@@ -193,56 +220,69 @@ async fn main() {
     );
 }
 
-/// The `n` mappings with the most resident memory: (Rss KiB, Size KiB, what).
-fn largest_mappings(pid: u32, n: usize) -> Vec<(u64, u64, String)> {
+/// One mapping of `/proc/<pid>/smaps`.
+struct Mapping {
+    /// Address range, e.g. `7f64400ca000-7f6444000000`.
+    range: String,
+    perms: String,
+    /// Path or `[heap]`/`[stack]`...; empty for unnamed anonymous mappings (malloc arenas,
+    /// large allocations, thread stacks).
+    name: String,
+    /// KiB.
+    size: u64,
+    rss: u64,
+    anonymous: u64,
+}
+
+fn smaps(pid: u32) -> Vec<Mapping> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
-    let mut out: Vec<(u64, u64, String)> = Vec::new();
-    let mut current: Option<(u64, u64, String)> = None;
+    let mut out: Vec<Mapping> = Vec::new();
     for line in text.lines() {
         let mut parts = line.split_whitespace();
         let first = parts.next().unwrap_or_default();
         if first.contains('-') && !first.ends_with(':') {
-            out.extend(current.take());
-            let name = line.split_whitespace().nth(5).unwrap_or("[anon]").to_string();
-            current = Some((0, 0, format!("{first} {name}")));
-        } else if let Some(c) = current.as_mut() {
+            let perms = parts.next().unwrap_or_default().to_string();
+            let name = line.split_whitespace().nth(5).unwrap_or_default().to_string();
+            out.push(Mapping { range: first.to_string(), perms, name, size: 0, rss: 0, anonymous: 0 });
+        } else if let Some(m) = out.last_mut() {
             let v = parts.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
             match first {
-                "Rss:" => c.0 = v,
-                "Size:" => c.1 = v,
+                "Size:" => m.size = v,
+                "Rss:" => m.rss = v,
+                "Anonymous:" => m.anonymous = v,
                 _ => {}
             }
         }
     }
-    out.extend(current);
-    out.sort_by_key(|m| std::cmp::Reverse(m.0));
-    out.truncate(n);
     out
+}
+
+/// The `n` mappings with the most resident memory: (Rss KiB, Size KiB, what).
+fn largest_mappings(pid: u32, n: usize) -> Vec<(u64, u64, String)> {
+    let mut maps: Vec<_> = smaps(pid)
+        .into_iter()
+        .map(|m| (m.rss, m.size, format!("{} {}", m.range, if m.name.is_empty() { "[anon]" } else { &m.name })))
+        .collect();
+    maps.sort_by_key(|m| std::cmp::Reverse(m.0));
+    maps.truncate(n);
+    maps
+}
+
+/// Unnamed mappings of `pid`: (address range, permissions, Size KiB, Anonymous KiB).
+fn anon_mappings(pid: u32) -> Vec<(String, String, u64, u64)> {
+    smaps(pid).into_iter().filter(|m| m.name.is_empty()).map(|m| (m.range, m.perms, m.size, m.anonymous)).collect()
 }
 
 /// Anonymous KiB of `pid` by kind of mapping: ([heap], unnamed mappings (malloc arenas,
 /// large allocations, thread stacks), file mappings, the named ones ([stack], [vdso]).
 fn anon_by_mapping(pid: u32) -> (u64, u64, u64, u64) {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
     let (mut heap, mut maps, mut file, mut stacks) = (0, 0, 0, 0);
-    let mut kind = 0u8;
-    for line in text.lines() {
-        let first = line.split_whitespace().next().unwrap_or_default();
-        if first.contains('-') && !first.ends_with(':') {
-            kind = match line.split_whitespace().nth(5) {
-                Some("[heap]") => 0,
-                None => 1,
-                Some(n) if n.starts_with('[') => 3,
-                Some(_) => 2,
-            };
-        } else if first == "Anonymous:" {
-            let v = line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            match kind {
-                0 => heap += v,
-                1 => maps += v,
-                2 => file += v,
-                _ => stacks += v,
-            }
+    for m in smaps(pid) {
+        match m.name.as_str() {
+            "[heap]" => heap += m.anonymous,
+            "" => maps += m.anonymous,
+            n if n.starts_with('[') => stacks += m.anonymous,
+            _ => file += m.anonymous,
         }
     }
     (heap, maps, file, stacks)

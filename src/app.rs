@@ -61,6 +61,14 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// Runs the agent on a new Tokio runtime until SIGTERM/SIGINT.
 pub fn run_blocking(config: Config) -> Result<(), AppError> {
+    // Before the runtime starts its threads, so they all share the one arena.
+    match crate::malloc::limit_arenas() {
+        crate::malloc::ArenaLimit::Applied(n) => tracing::debug!(arenas = n, "malloc arenas limited"),
+        crate::malloc::ArenaLimit::FromEnvironment => {
+            info!("malloc arenas as MALLOC_ARENA_MAX or GLIBC_TUNABLES set them")
+        }
+        crate::malloc::ArenaLimit::Unavailable => {}
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -15,6 +15,7 @@
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
+//! - [`malloc`]: glibc allocator settings for the long-running agent.
 
 pub mod app;
 pub mod cli;
@@ -23,6 +24,7 @@ pub mod doctor;
 pub mod hook;
 pub mod inventory;
 pub mod kube;
+pub mod malloc;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;

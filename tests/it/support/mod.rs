@@ -5,3 +5,4 @@ pub mod agent;
 pub mod apiserver;
 pub mod kubelet;
 pub mod nvml;
+pub mod procfs;
