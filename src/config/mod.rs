@@ -10,7 +10,7 @@
 mod mock;
 pub mod source;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use mock::{MockMig, MockSettings, validate_mig_profile};
@@ -108,6 +108,27 @@ pub struct Paths {
 }
 
 impl Paths {
+    /// Every path below `dir`, laid out as on a node (`dir/kubelet/plugins`,
+    /// `dir/kubelet/plugins_registry`, `dir/cdi`, `dir/state`, `dir/driver`, `dir/dev`,
+    /// `dir/proc`, `dir/sys`): a sandbox for trial runs, tests and benchmarks.
+    pub fn under(dir: &Path) -> Paths {
+        let kubelet = dir.join("kubelet");
+        Paths {
+            plugins_dir: kubelet.join("plugins"),
+            registry_dir: kubelet.join("plugins_registry"),
+            kubelet_root: kubelet,
+            cdi_spec_dirs: vec![dir.join("cdi")],
+            cdi_dynamic_dir: dir.join("cdi"),
+            cdi_hook_binary: None,
+            state_dir: dir.join("state"),
+            driver_root: dir.join("driver"),
+            host_driver_root: None,
+            dev_root: dir.join("dev"),
+            proc_root: dir.join("proc"),
+            sys_root: dir.join("sys"),
+        }
+    }
+
     /// The directory holding edra's DRA socket: `<plugins dir>/<driver>`.
     pub fn plugin_dir(&self, driver: &str) -> PathBuf {
         self.plugins_dir.join(driver)

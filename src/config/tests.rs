@@ -177,3 +177,28 @@ fn metrics_address_defaults_to_loopback_and_can_be_disabled() {
     let msg = problems[0].to_string();
     assert!(msg.contains("metrics.address") && msg.contains("not an IP address and port"), "{msg}");
 }
+
+#[test]
+fn paths_under_a_directory_stay_inside_it_and_keep_the_kubelet_layout() {
+    let dir = std::path::Path::new("/srv/sandbox");
+    let p = Paths::under(dir);
+    let all = [
+        &p.kubelet_root,
+        &p.plugins_dir,
+        &p.registry_dir,
+        &p.cdi_dynamic_dir,
+        &p.state_dir,
+        &p.driver_root,
+        &p.dev_root,
+        &p.proc_root,
+        &p.sys_root,
+    ];
+    for path in all.into_iter().chain(&p.cdi_spec_dirs) {
+        assert!(path.starts_with(dir), "{} is outside {}", path.display(), dir.display());
+    }
+    assert!(p.plugins_dir.starts_with(&p.kubelet_root) && p.registry_dir.starts_with(&p.kubelet_root));
+    assert!(p.cdi_spec_dirs.contains(&p.cdi_dynamic_dir), "the dynamic CDI dir must be one the runtime reads");
+    assert_eq!(p.dra_socket("gpu.edra.dev"), dir.join("kubelet/plugins/gpu.edra.dev/dra.sock"));
+    assert_eq!(p.host_driver_root, None);
+    assert_eq!(p.cdi_hook_binary, None);
+}

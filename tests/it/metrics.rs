@@ -34,21 +34,7 @@ fn config(dir: &Path, kubeconfig: &Path, metrics: SocketAddr) -> Config {
     let mut cfg = Config::load(&ctx).expect("default configuration");
     cfg.backend = BackendKind::Mock;
     cfg.kube.kubeconfig = Some(kubeconfig.to_path_buf());
-    let kubelet = dir.join("kubelet");
-    cfg.paths = Paths {
-        plugins_dir: kubelet.join("plugins"),
-        registry_dir: kubelet.join("plugins_registry"),
-        kubelet_root: kubelet,
-        cdi_spec_dirs: vec![dir.join("cdi")],
-        cdi_dynamic_dir: dir.join("cdi"),
-        cdi_hook_binary: None,
-        state_dir: dir.join("state"),
-        driver_root: dir.join("driver"),
-        host_driver_root: None,
-        dev_root: dir.join("dev"),
-        proc_root: dir.join("proc"),
-        sys_root: dir.join("sys"),
-    };
+    cfg.paths = Paths::under(dir);
     cfg.metrics.address = Some(metrics);
     cfg
 }

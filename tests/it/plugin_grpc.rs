@@ -121,22 +121,7 @@ pub struct Dirs {
 impl Dirs {
     pub fn new() -> Dirs {
         let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().join("kubelet");
-        let base = tmp.path();
-        let paths = Paths {
-            kubelet_root: root.clone(),
-            plugins_dir: root.join("plugins"),
-            registry_dir: root.join("plugins_registry"),
-            cdi_spec_dirs: vec![base.join("cdi")],
-            cdi_dynamic_dir: base.join("cdi"),
-            cdi_hook_binary: None,
-            state_dir: base.join("state"),
-            driver_root: base.join("driver"),
-            host_driver_root: None,
-            dev_root: base.join("dev"),
-            proc_root: base.join("proc"),
-            sys_root: base.join("sys"),
-        };
+        let paths = Paths::under(tmp.path());
         Dirs { tmp, paths }
     }
 
