@@ -6,6 +6,23 @@ use std::os::unix::fs::PermissionsExt;
 
 use super::*;
 
+/// Creates a store in `dir` and closes it. flock belongs to the open file, and a copy of
+/// the descriptor can outlive the store for a moment (a process another test forks keeps
+/// it until its exec; sled's I/O threads finish on their own): wait, bounded, until the
+/// lock is free, so the checks below see a closed database as a stopped agent leaves it.
+fn closed_store(dir: &Path) {
+    drop(Store::open(dir).unwrap());
+    wait_unlocked(dir);
+}
+
+fn wait_unlocked(dir: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while lock_state(&dir.join("db"), Path::new("/proc")).unwrap() != Lock::Free {
+        assert!(std::time::Instant::now() < deadline, "{} stays locked after the store closed", dir.display());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn missing_dir_under_a_writable_parent_passes() {
     let d = tempfile::tempdir().unwrap();
@@ -19,7 +36,7 @@ fn missing_dir_under_a_writable_parent_passes() {
 fn open_mode_warns_and_an_idle_database_is_read() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("state");
-    drop(Store::open(&dir).unwrap());
+    closed_store(&dir);
     let r = state_dir(&dir, Path::new("/proc"), &[]);
     assert_eq!(r.status, Status::Pass, "{r:?}");
     assert!(r.detail.contains("mode 0700") && r.detail.contains("0 prepared claims"), "{}", r.detail);
@@ -43,14 +60,14 @@ fn database_in_use_is_reported_with_the_pid_and_not_opened() {
     assert!(running.claims().unwrap().is_empty());
     assert_eq!(lock_state(&dir.join("db"), Path::new("/proc")).unwrap(), Lock::Held(Some(std::process::id())));
     drop(running);
-    assert_eq!(lock_state(&dir.join("db"), Path::new("/proc")).unwrap(), Lock::Free);
+    wait_unlocked(&dir);
 }
 
 #[test]
 fn spec_files_without_a_claim_record_warn() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("state");
-    drop(Store::open(&dir).unwrap());
+    closed_store(&dir);
     let r = state_dir(&dir, Path::new("/proc"), &["uid-1".to_string()]);
     assert_eq!(r.status, Status::Warn, "{r:?}");
     assert!(r.detail.contains("1 CDI spec files of claims edra does not record"), "{}", r.detail);
