@@ -19,9 +19,10 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Samples, Site, SiteSettings, latency_header, proc_status, release_binary};
+use common::{Samples, Site, SiteSettings, latency_header, release_binary};
 use edra::plugin::proto::dra_v1 as v1;
 use support::apiserver::Options;
+use support::procfs::{Mapping, malloc_arena_heaps, smaps, status as proc_status};
 
 const GPUS: usize = 8;
 /// Measured cycles; `BENCH_CYCLES` overrides (e.g. shorter runs under a heap profiler).
@@ -86,7 +87,7 @@ async fn main() {
 
     tokio::time::sleep(SETTLE).await;
     let idle = proc_status(pid);
-    let idle_maps = largest_mappings(pid, 8);
+    let idle_maps = largest_mappings(&smaps(pid), 8);
     let cpu_idle_start = cpu_ticks(pid);
     let mark = site.server.request_mark();
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -122,17 +123,18 @@ async fn main() {
         site.server.delete_claim(common::NAMESPACE, &format!("c{i}"));
         if i + 1 == WARMUP_CYCLES {
             warm = Some(proc_status(pid));
-            warm_maps = anon_mappings(pid);
+            warm_maps = anon_mappings(&smaps(pid));
         }
         if (i + 1) % (cycles / 10).max(1) == 0 || i + 1 == WARMUP_CYCLES {
             let now = proc_status(pid);
+            let maps = smaps(pid);
             trend.push((
                 i + 1,
                 get(&now, "VmRSS"),
                 get(&now, "RssAnon"),
                 get(&now, "Threads"),
-                support::procfs::malloc_arena_heaps(pid),
-                anon_by_mapping(pid),
+                malloc_arena_heaps(&maps),
+                anon_by_mapping(&maps),
             ));
         }
         if i >= WARMUP_CYCLES {
@@ -169,7 +171,7 @@ async fn main() {
         "anonymous mappings that changed between {WARMUP_CYCLES} cycles and the end (KiB; Size, Anonymous):\n\n\
          | mapping | perms | size before | size after | anon before | anon after |\n|---|---|---:|---:|---:|---:|"
     );
-    let end_maps = anon_mappings(pid);
+    let end_maps = anon_mappings(&smaps(pid));
     for (range, perms, size, anon) in &end_maps {
         let before = warm_maps.iter().find(|m| &m.0 == range);
         let (bsize, banon) = before.map(|m| (m.2, m.3)).unwrap_or((0, 0));
@@ -220,72 +222,35 @@ async fn main() {
     );
 }
 
-/// One mapping of `/proc/<pid>/smaps`.
-struct Mapping {
-    /// Address range, e.g. `7f64400ca000-7f6444000000`.
-    range: String,
-    perms: String,
-    /// Path or `[heap]`/`[stack]`...; empty for unnamed anonymous mappings (malloc arenas,
-    /// large allocations, thread stacks).
-    name: String,
-    /// KiB.
-    size: u64,
-    rss: u64,
-    anonymous: u64,
-}
-
-fn smaps(pid: u32) -> Vec<Mapping> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
-    let mut out: Vec<Mapping> = Vec::new();
-    for line in text.lines() {
-        let mut parts = line.split_whitespace();
-        let first = parts.next().unwrap_or_default();
-        if first.contains('-') && !first.ends_with(':') {
-            let perms = parts.next().unwrap_or_default().to_string();
-            let name = line.split_whitespace().nth(5).unwrap_or_default().to_string();
-            out.push(Mapping { range: first.to_string(), perms, name, size: 0, rss: 0, anonymous: 0 });
-        } else if let Some(m) = out.last_mut() {
-            let v = parts.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            match first {
-                "Size:" => m.size = v,
-                "Rss:" => m.rss = v,
-                "Anonymous:" => m.anonymous = v,
-                _ => {}
-            }
-        }
-    }
+/// The `n` mappings with the most resident memory: (Rss KiB, Size KiB, what).
+fn largest_mappings(maps: &[Mapping], n: usize) -> Vec<(u64, u64, String)> {
+    let mut out: Vec<_> = maps
+        .iter()
+        .map(|m| (m.rss, m.size, format!("{} {}", m.range(), if m.name.is_empty() { "[anon]" } else { &m.name })))
+        .collect();
+    out.sort_by_key(|m| std::cmp::Reverse(m.0));
+    out.truncate(n);
     out
 }
 
-/// The `n` mappings with the most resident memory: (Rss KiB, Size KiB, what).
-fn largest_mappings(pid: u32, n: usize) -> Vec<(u64, u64, String)> {
-    let mut maps: Vec<_> = smaps(pid)
-        .into_iter()
-        .map(|m| (m.rss, m.size, format!("{} {}", m.range, if m.name.is_empty() { "[anon]" } else { &m.name })))
-        .collect();
-    maps.sort_by_key(|m| std::cmp::Reverse(m.0));
-    maps.truncate(n);
-    maps
+/// Unnamed mappings: (address range, permissions, Size KiB, Anonymous KiB).
+fn anon_mappings(maps: &[Mapping]) -> Vec<(String, String, u64, u64)> {
+    maps.iter().filter(|m| m.name.is_empty()).map(|m| (m.range(), m.perms.clone(), m.size, m.anonymous)).collect()
 }
 
-/// Unnamed mappings of `pid`: (address range, permissions, Size KiB, Anonymous KiB).
-fn anon_mappings(pid: u32) -> Vec<(String, String, u64, u64)> {
-    smaps(pid).into_iter().filter(|m| m.name.is_empty()).map(|m| (m.range, m.perms, m.size, m.anonymous)).collect()
-}
-
-/// Anonymous KiB of `pid` by kind of mapping: ([heap], unnamed mappings (malloc arenas,
-/// large allocations, thread stacks), file mappings, the named ones ([stack], [vdso]).
-fn anon_by_mapping(pid: u32) -> (u64, u64, u64, u64) {
-    let (mut heap, mut maps, mut file, mut stacks) = (0, 0, 0, 0);
-    for m in smaps(pid) {
+/// Anonymous KiB by kind of mapping: ([heap], unnamed mappings (malloc arenas, large
+/// allocations, thread stacks), file mappings, the named ones ([stack], [vdso]).
+fn anon_by_mapping(maps: &[Mapping]) -> (u64, u64, u64, u64) {
+    let (mut heap, mut unnamed, mut file, mut stacks) = (0, 0, 0, 0);
+    for m in maps {
         match m.name.as_str() {
             "[heap]" => heap += m.anonymous,
-            "" => maps += m.anonymous,
+            "" => unnamed += m.anonymous,
             n if n.starts_with('[') => stacks += m.anonymous,
             _ => file += m.anonymous,
         }
     }
-    (heap, maps, file, stacks)
+    (heap, unnamed, file, stacks)
 }
 
 fn get(m: &std::collections::BTreeMap<String, u64>, k: &str) -> u64 {

@@ -11,6 +11,10 @@
 
 use std::time::Instant;
 
+#[allow(dead_code)]
+#[path = "../tests/it/support/procfs.rs"]
+mod procfs;
+
 use edra::prepare::config::GpuConfig;
 use edra::state::{ClaimRecord, DeviceRecord, Phase, SCHEMA_VERSION, Store};
 
@@ -99,23 +103,9 @@ fn mallinfo() -> Mallinfo {
     Mallinfo::default()
 }
 
-/// (anonymous KiB of the [heap] mapping, RssAnon KiB).
+/// (anonymous KiB of the [heap] mapping, RssAnon KiB) of this process.
 fn resident() -> (u64, u64) {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
-    let (mut heap, mut in_heap) = (0, false);
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or_default();
-        if first.contains('-') && !first.ends_with(':') {
-            in_heap = line.split_whitespace().nth(5) == Some("[heap]");
-        } else if in_heap && first == "Anonymous:" {
-            heap += line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        }
-    }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let anon = status
-        .lines()
-        .find(|l| l.starts_with("RssAnon:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0);
-    (heap, anon)
+    let pid = std::process::id();
+    let heap = procfs::smaps(pid).iter().filter(|m| m.name == "[heap]").map(|m| m.anonymous).sum();
+    (heap, procfs::status(pid).get("RssAnon").copied().unwrap_or(0))
 }

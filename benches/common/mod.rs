@@ -253,18 +253,6 @@ pub fn spawn_release(site: &Site) -> Child {
         .unwrap_or_else(|e| panic!("cannot start {}: {e}; build it with `cargo build --release`", bin.display()))
 }
 
-/// `/proc/<pid>/status` fields in KiB (VmRSS, VmHWM, RssAnon, RssFile, Threads...).
-pub fn proc_status(pid: u32) -> BTreeMap<String, u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            let n = v.split_whitespace().next()?.parse().ok()?;
-            Some((k.to_string(), n))
-        })
-        .collect()
-}
-
 /// Registers as the kubelet does (GetInfo, then NotifyRegistrationStatus).
 pub async fn register(socket: &Path) {
     let mut h2 = RawH2::connect(socket).await.expect("connect to the registration socket");

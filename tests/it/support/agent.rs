@@ -329,6 +329,13 @@ impl ChildAgent {
     /// its registration socket and registers. Sockets a killed agent left behind stay in
     /// place: the new one must replace them, and only a new socket file counts.
     pub async fn start(cluster: &Cluster, failpoints: &str) -> ChildAgent {
+        ChildAgent::start_with_env(cluster, failpoints, &[]).await
+    }
+
+    /// [`ChildAgent::start`] with `env` added to the child's environment, which is
+    /// otherwise free of glibc allocator settings (`MALLOC_ARENA_MAX`, `GLIBC_TUNABLES`),
+    /// so the agent sets up its allocator as on a node.
+    pub async fn start_with_env(cluster: &Cluster, failpoints: &str, env: &[(&str, &str)]) -> ChildAgent {
         use std::os::unix::fs::MetadataExt;
         let fs = cluster.fs();
         let socket = fs.registration_socket();
@@ -342,6 +349,9 @@ impl ChildAgent {
             .arg("run")
             .env_remove("KUBECONFIG")
             .env("EDRA_LOG_LEVEL", "warn")
+            .env_remove("MALLOC_ARENA_MAX")
+            .env_remove("GLIBC_TUNABLES")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
