@@ -28,6 +28,7 @@ use crate::state::Store;
 use crate::telemetry::http::{Endpoints, MetricsListener, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
+use crate::util::error_chain;
 
 /// How long a claim fetch may take in total, so a prepare answers the kubelet well within
 /// its 45 s timeout even when the API server does not answer.
@@ -42,21 +43,6 @@ pub enum AppError {
     /// Anything else.
     #[error(transparent)]
     Other(#[from] anyhow::Error),
-}
-
-/// The error and its causes on one line.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cur = s.source();
-    }
-    out
 }
 
 /// Runs the agent on a new Tokio runtime until SIGTERM/SIGINT.
@@ -113,7 +99,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     let client = Client::from_config(&config).map_err(|e| {
         if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
     })?;
-    info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::VERSION);
+    info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::util::VERSION);
     let metrics_listener = match config.metrics.address {
         Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
         None => None,

@@ -97,7 +97,7 @@ fn bad_input_is_exit_code_two_with_a_clear_message() {
     ];
     for (input, folders, fragment) in cases {
         let err = update_ldcache(input.as_slice(), &folders, Some(Path::new("/bin/false"))).unwrap_err();
-        let msg = crate::app::error_chain(&err);
+        let msg = crate::util::error_chain(&err);
         assert!(msg.contains(fragment), "{msg:?} lacks {fragment:?}");
         assert_eq!(err.exit_code(), 2, "{msg}");
     }

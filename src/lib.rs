@@ -16,6 +16,7 @@
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
+//! - [`util`]: the version and error rendering every layer shares; imports nothing of edra.
 
 pub mod app;
 pub mod cli;
@@ -30,6 +31,7 @@ pub mod prepare;
 pub mod publish;
 pub mod state;
 pub mod telemetry;
+pub mod util;
 
-/// edra's version, from Cargo.toml.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// edra's version (see [`util::VERSION`]).
+pub use util::VERSION;

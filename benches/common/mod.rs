@@ -208,7 +208,7 @@ impl InProcessAgent {
                 .build()
                 .expect("agent runtime");
             if let Err(e) = rt.block_on(edra::app::run(config, rx)) {
-                eprintln!("agent stopped with an error: {}", edra::app::error_chain(&e));
+                eprintln!("agent stopped with an error: {}", edra::util::error_chain(&e));
             }
         });
         InProcessAgent { shutdown: tx, thread: Some(thread) }

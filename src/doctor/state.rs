@@ -153,7 +153,7 @@ pub fn state_dir(dir: &Path, proc_root: &Path, spec_uids: &[String]) -> CheckRes
                             }
                             Err(e) => {
                                 status = status.max(Status::Warn);
-                                notes.push(format!("schema {schema}; {}", crate::app::error_chain(&e)));
+                                notes.push(format!("schema {schema}; {}", crate::util::error_chain(&e)));
                                 fixes.push("upgrade edra, or move the state directory aside".into());
                             }
                         }
@@ -165,7 +165,7 @@ pub fn state_dir(dir: &Path, proc_root: &Path, spec_uids: &[String]) -> CheckRes
                         return CheckResult::new(
                             NAME,
                             Status::Fail,
-                            crate::app::error_chain(&e),
+                            crate::util::error_chain(&e),
                             "run as root; a corrupt or newer database: move the state directory aside",
                         );
                     }

@@ -228,7 +228,7 @@ impl Client {
             Auth::TokenFile(p) => Authz::File(TokenFile { path: p.clone(), cache: Mutex::new(None) }),
             Auth::None | Auth::ClientCert { .. } => Authz::None,
         };
-        let user_agent = HeaderValue::from_str(&format!("edra/{}", crate::VERSION))
+        let user_agent = HeaderValue::from_str(&format!("edra/{}", crate::util::VERSION))
             .unwrap_or_else(|_| HeaderValue::from_static("edra"));
         Ok(Client {
             inner: Arc::new(Inner {

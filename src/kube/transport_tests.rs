@@ -63,7 +63,7 @@ async fn token_user_agent_and_client_certificate_are_sent() {
     assert_eq!(client.server_version().await.unwrap(), "v1.34.1+k3s1");
     let r = &srv.requests()[0];
     assert_eq!(r.headers["authorization"], "Bearer tok-1");
-    assert_eq!(r.headers["user-agent"], format!("edra/{}", crate::VERSION).as_str());
+    assert_eq!(r.headers["user-agent"], format!("edra/{}", crate::util::VERSION).as_str());
     assert_eq!(r.version, http::Version::HTTP_2, "HTTP/2 is negotiated by ALPN");
     assert!(!r.client_cert);
     client.server_version().await.unwrap_err(); // script exhausted: 404, on the same connection

@@ -421,7 +421,7 @@ impl Preparer {
 }
 
 fn message(e: &PrepareError) -> String {
-    crate::app::error_chain(e)
+    crate::util::error_chain(e)
 }
 
 impl DraHandler for Preparer {

@@ -181,7 +181,7 @@ impl Publisher {
                         }
                         Err(e) => {
                             log_write_error(&e);
-                            self.report(false, inventory.devices.len(), writes, Some(crate::app::error_chain(&e)));
+                            self.report(false, inventory.devices.len(), writes, Some(crate::util::error_chain(&e)));
                             let jitter = fastrand::u64(0..=retry.as_millis() as u64 / 2);
                             deadline = Some(tokio::time::Instant::now() + retry + Duration::from_millis(jitter));
                             retry = (retry * 2).min(RETRY_MAX);

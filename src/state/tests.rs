@@ -157,7 +157,7 @@ fn corrupt_database_gives_a_clear_error() {
     }
     std::fs::write(dir.join("conf"), b"garbage that is not sled's config").unwrap();
     let err = Store::open(&dir).unwrap_err();
-    let msg = crate::app::error_chain(&err);
+    let msg = crate::util::error_chain(&err);
     assert!(msg.contains(&dir.display().to_string()) && msg.contains("move the state directory aside"), "{msg}");
 }
 

@@ -104,7 +104,7 @@ async fn a_scrape_shows_calls_state_and_api_requests() {
     assert_eq!(answer.content_type, OPENMETRICS_CONTENT_TYPE);
     assert!(answer.body.ends_with("# EOF\n"), "{}", answer.body);
     let s = samples(&answer.body);
-    let build = format!("edra_build_info{{version=\"{}\"}}", crate::VERSION);
+    let build = format!("edra_build_info{{version=\"{}\"}}", crate::util::VERSION);
     let expect = [
         (build.as_str(), 1.0),
         ("edra_prepare_requests_total{version=\"v1\",outcome=\"claim_error\"}", 1.0),
