@@ -10,6 +10,7 @@
 //! - [`publish`]: desired ResourceSlices (pure) and the loop that keeps them published.
 //! - [`plugin`]: the kubelet's gRPC APIs on Unix sockets (registration, DRAPlugin).
 //! - [`prepare`]: claim preparation: opaque configs, CDI specs, driver files.
+//! - [`device_config`]: the opaque `GpuConfig` model, shared by prepare and state.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
 //! - [`doctor`]: `edra doctor`, node and cluster checks that say what to fix.
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
@@ -21,6 +22,7 @@
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod device_config;
 pub mod doctor;
 pub mod hook;
 pub mod inventory;

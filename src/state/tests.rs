@@ -4,7 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
 use super::*;
-use crate::prepare::config::GpuConfig;
+use crate::device_config::GpuConfig;
 
 fn device(name: &str, admin: bool) -> DeviceRecord {
     DeviceRecord {
