@@ -12,16 +12,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use tokio::sync::{OnceCell, watch};
+use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::inventory::{self, DeviceBackend, Inventory};
-use crate::kube::{self, Client, ResourceApi};
+use crate::kube::{self, Client, Cluster};
 use crate::plugin::{PluginOptions, PluginServer, RegistrationState};
-use crate::prepare::{ClaimFetchError, ClaimSource, PrepareSettings, Preparer};
+use crate::prepare::{PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
@@ -29,10 +27,6 @@ use crate::telemetry::http::{Endpoints, MetricsListener, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
 use crate::util::error_chain;
-
-/// How long a claim fetch may take in total, so a prepare answers the kubelet well within
-/// its 45 s timeout even when the API server does not answer.
-const CLAIM_FETCH_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]
@@ -253,7 +247,7 @@ async fn publish(
     let (api, uid) = loop {
         let attempt = async {
             let api = cluster.api().await?;
-            let node_obj = cluster.client.get_node(&node).await?;
+            let node_obj = cluster.client().get_node(&node).await?;
             Ok::<_, kube::Error>((api, node_obj.metadata.uid))
         };
         let outcome = tokio::select! {
@@ -270,7 +264,7 @@ async fn publish(
                     error!(
                         error = %msg,
                         node = %node,
-                        identity = cluster.client.identity(),
+                        identity = cluster.client().identity(),
                         "the API server refused to let edra read Node {node}; with node credentials node_name must be \
                          the node they belong to (system:node:<name>), otherwise grant the RBAC in config/rbac.yaml"
                     );
@@ -289,7 +283,7 @@ async fn publish(
     };
     info!(api = api.version(), node = %node, "publishing ResourceSlices");
     let identity = NodeIdentity { name: node, uid };
-    Publisher::new(cluster.client.clone(), api, driver, identity, inventory, status).run(shutdown).await;
+    Publisher::new(cluster.client().clone(), api, driver, identity, inventory, status).run(shutdown).await;
 }
 
 /// Logs when the agent becomes ready (registered with the kubelet and slices published) and
@@ -343,51 +337,5 @@ async fn report_readiness(
             r = publish.changed() => if r.is_err() { return },
             _ = shutdown.changed() => if *shutdown.borrow() { return },
         }
-    }
-}
-
-/// The API server as the rest of the agent uses it: the client plus the resource.k8s.io
-/// version, discovered on first use and then kept.
-pub struct Cluster {
-    client: Client,
-    api: OnceCell<ResourceApi>,
-}
-
-impl Cluster {
-    /// Wraps a client; nothing is contacted yet.
-    pub fn new(client: Client) -> Self {
-        Self { client, api: OnceCell::new() }
-    }
-
-    /// The resource.k8s.io version to use, discovered once.
-    pub async fn api(&self) -> Result<ResourceApi, kube::Error> {
-        self.api.get_or_try_init(|| self.client.discover_resource_api()).await.copied()
-    }
-}
-
-impl ClaimSource for Cluster {
-    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
-        let (ns, n) = (namespace.to_string(), name.to_string());
-        Box::pin(async move {
-            let api_error = |source: Box<dyn std::error::Error + Send + Sync>| ClaimFetchError::Api {
-                namespace: ns.clone(),
-                name: n.clone(),
-                source,
-            };
-            let fetch = async {
-                let api = self.api().await?;
-                self.client.get_claim(api, &ns, &n).await
-            };
-            match tokio::time::timeout(CLAIM_FETCH_DEADLINE, fetch).await {
-                Ok(Ok(claim)) => Ok(claim),
-                Ok(Err(e)) if e.is_not_found() => {
-                    Err(ClaimFetchError::NotFound { namespace: ns.clone(), name: n.clone() })
-                }
-                Ok(Err(e)) => Err(api_error(Box::new(e))),
-                Err(_) => Err(api_error(
-                    format!("no answer from the API server within {}s", CLAIM_FETCH_DEADLINE.as_secs()).into(),
-                )),
-            }
-        })
     }
 }

@@ -9,6 +9,7 @@
 //! UID serialised by its own lock, which blocking work keeps until it ends even when the
 //! kubelet cancels the call. Recovery at start is in [`recover`].
 
+mod api_claims;
 pub mod cdi;
 pub mod cdi_validate;
 pub mod config;
