@@ -17,6 +17,7 @@ use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::inventory::{self, DeviceBackend, Inventory};
+use crate::kube::backoff::Backoff;
 use crate::kube::{self, Client, Cluster};
 use crate::plugin::{PluginOptions, PluginServer, RegistrationState};
 use crate::prepare::{PrepareSettings, Preparer};
@@ -26,7 +27,11 @@ use crate::state::Store;
 use crate::telemetry::http::{Endpoints, MetricsListener, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
-use crate::util::error_chain;
+use crate::util::{error_chain, stopped, until_stopped};
+
+/// Retry delays while the API server cannot be reached at start (see [`Backoff`]).
+const CONNECT_RETRY_BASE: Duration = Duration::from_secs(1);
+const CONNECT_RETRY_MAX: Duration = Duration::from_secs(45);
 
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]
@@ -167,11 +172,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
             n.run_watchdog(async move {
-                while !*stop.borrow() {
-                    if stop.changed().await.is_err() {
-                        break;
-                    }
-                }
+                let _ = stop.wait_for(|stop| *stop).await;
             })
             .await
         })
@@ -179,11 +180,8 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     let readiness =
         tokio::spawn(report_readiness(plugin.registration(), status_rx, notifier.clone(), shutdown.clone()));
 
-    while !*shutdown.borrow() {
-        if shutdown.changed().await.is_err() {
-            break;
-        }
-    }
+    // A dropped sender stops the agent too.
+    let _ = shutdown.wait_for(|stop| *stop).await;
     if let Some(n) = &notifier {
         let _ = n.stopping();
     }
@@ -214,7 +212,7 @@ async fn rediscover(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = shutdown.changed() => if *shutdown.borrow() { return },
+            () = stopped(&mut shutdown) => return,
             _ = tick.tick() => {}
         }
         match discover(&backend).await {
@@ -243,17 +241,14 @@ async fn publish(
     status: watch::Sender<PublishStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut delay = Duration::from_millis(500);
+    let mut backoff = Backoff::new(CONNECT_RETRY_BASE, CONNECT_RETRY_MAX);
     let (api, uid) = loop {
         let attempt = async {
             let api = cluster.api().await?;
             let node_obj = cluster.client().get_node(&node).await?;
             Ok::<_, kube::Error>((api, node_obj.metadata.uid))
         };
-        let outcome = tokio::select! {
-            r = attempt => r,
-            _ = shutdown.changed() => if *shutdown.borrow() { return } else { continue },
-        };
+        let Some(outcome) = until_stopped(attempt, &mut shutdown).await else { return };
         match outcome {
             Ok(found) => break found,
             Err(e) => {
@@ -272,12 +267,9 @@ async fn publish(
                     warn!(error = %msg, "cannot reach the API server yet; the kubelet is served meanwhile, retrying");
                 }
                 status.send_modify(|s| s.last_error = Some(msg));
-                let wait = delay + Duration::from_millis(fastrand::u64(0..=delay.as_millis() as u64 / 2));
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.changed() => if *shutdown.borrow() { return },
+                if until_stopped(tokio::time::sleep(backoff.next_delay()), &mut shutdown).await.is_none() {
+                    return;
                 }
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     };
@@ -335,7 +327,7 @@ async fn report_readiness(
         tokio::select! {
             r = registration.changed() => if r.is_err() { return },
             r = publish.changed() => if r.is_err() { return },
-            _ = shutdown.changed() => if *shutdown.borrow() { return },
+            () = stopped(&mut shutdown) => return,
         }
     }
 }

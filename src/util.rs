@@ -1,5 +1,5 @@
 //! Small helpers every layer uses and that depend on nothing else in edra: the version
-//! string and the one-line rendering of an error with its causes.
+//! string, the one-line rendering of an error with its causes, and waiting for shutdown.
 
 /// edra's version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -17,4 +17,22 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = s.source();
     }
     out
+}
+
+/// Returns once `shutdown` is true; never, if its sender is gone while it is false.
+pub async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
+    if shutdown.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Runs `work` unless `shutdown` turns true first (`None` then).
+pub async fn until_stopped<T>(
+    work: impl std::future::Future<Output = T>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) -> Option<T> {
+    tokio::select! {
+        out = work => Some(out),
+        () = stopped(shutdown) => None,
+    }
 }
