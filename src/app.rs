@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tracing::{error, info, warn};
 
 use crate::config::Config;
@@ -93,8 +93,28 @@ fn is_credential_problem(e: &kube::Error) -> bool {
     )
 }
 
+/// What a started agent serves, sent once both kubelet sockets are in place: from then on
+/// the kubelet (or a test) can register and call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Serving {
+    /// The DRAPlugin socket.
+    pub dra_socket: PathBuf,
+    /// The registration socket the kubelet watches for.
+    pub registration_socket: PathBuf,
+}
+
 /// Runs the agent until `shutdown` turns true.
-pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<(), AppError> {
+pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<(), AppError> {
+    run_signalling(config, shutdown, None).await
+}
+
+/// [`run`], sending `ready` what it serves as soon as the kubelet sockets are in place; if
+/// start-up fails first, `ready` is dropped and the error is returned.
+pub async fn run_signalling(
+    config: Config,
+    mut shutdown: watch::Receiver<bool>,
+    ready: Option<oneshot::Sender<Serving>>,
+) -> Result<(), AppError> {
     let client = Client::from_config(&config).map_err(|e| {
         if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
     })?;
@@ -140,6 +160,13 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
+    if let Some(ready) = ready {
+        let serving = Serving {
+            dra_socket: plugin.dra_socket().to_path_buf(),
+            registration_socket: plugin.registration_socket().to_path_buf(),
+        };
+        let _ = ready.send(serving);
+    }
 
     let (status_tx, status_rx) = watch::channel(PublishStatus::default());
     let publishing = tokio::spawn(publish(

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use edra::config::{Config, LoadContext, Overrides};
 use edra::plugin::proto::dra_v1 as v1;
@@ -199,18 +199,23 @@ pub struct InProcessAgent {
 }
 
 impl InProcessAgent {
-    pub fn start(config: Config) -> InProcessAgent {
+    /// Starts the agent and returns once it serves the kubelet.
+    pub async fn start(config: Config) -> InProcessAgent {
         let (tx, rx) = watch::channel(false);
+        let (ready, serving) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
                 .expect("agent runtime");
-            if let Err(e) = rt.block_on(edra::app::run(config, rx)) {
+            if let Err(e) = rt.block_on(edra::app::run_signalling(config, rx, Some(ready))) {
                 eprintln!("agent stopped with an error: {}", edra::util::error_chain(&e));
             }
         });
+        if serving.await.is_err() {
+            panic!("the agent stopped before serving the kubelet");
+        }
         InProcessAgent { shutdown: tx, thread: Some(thread) }
     }
 
@@ -259,15 +264,6 @@ pub async fn register(socket: &Path) {
     let authority = percent_encoded(socket);
     h2.get_info(&authority).await.expect("GetInfo");
     h2.notify(&authority, RegistrationStatus { plugin_registered: true, error: String::new() }).await.expect("Notify");
-}
-
-/// Waits for a path to appear, checking every millisecond (the resolution of start-up times).
-pub async fn wait_for_path(path: &Path, timeout: Duration) {
-    let start = Instant::now();
-    while !path.exists() {
-        assert!(start.elapsed() < timeout, "{} did not appear within {timeout:?}", path.display());
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 /// Latency samples and their percentiles.
