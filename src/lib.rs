@@ -16,6 +16,7 @@
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
+//! - [`instance`]: the lock files that keep a second agent off the node.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
 //! - [`util`]: the version and error rendering every layer shares; imports nothing of edra.
 
@@ -25,6 +26,7 @@ pub mod config;
 pub mod device_config;
 pub mod doctor;
 pub mod hook;
+pub mod instance;
 pub mod inventory;
 pub mod kube;
 pub mod malloc;
