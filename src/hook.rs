@@ -13,8 +13,8 @@
 //! in the paths edra writes to, for the same reason. Exit codes: 2 for bad input (state,
 //! bundle, folders), 1 when writing the files or ldconfig fails.
 
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::{self, Read};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
@@ -241,29 +241,11 @@ fn safe_path(root: &Path, rel: &str) -> Result<PathBuf, HookError> {
 }
 
 fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), HookError> {
-    let err = |source| HookError::Write { path: path.to_path_buf(), source };
+    // A stale temp file (or a symlink planted under its name) is removed, and the new one
+    // is created exclusively without following symlinks.
     let tmp = path.with_extension(format!("edra-tmp-{}", std::process::id()));
-    let result = (|| {
-        // A stale temp file (or a symlink planted under its name) is removed, and the new
-        // one is created exclusively without following symlinks.
-        match std::fs::remove_file(&tmp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(err)
+    crate::util::write_atomically(path, &tmp, contents, 0o644)
+        .map_err(|source| HookError::Write { path: path.to_path_buf(), source })
 }
 
 /// Writes the conf files in `rootfs` (the testable core of the hook, without ldconfig).

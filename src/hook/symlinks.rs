@@ -141,18 +141,8 @@ pub fn create_link(rootfs: &Path, spec: &LinkSpec) -> Result<LinkOutcome, HookEr
     tmp_name.push(name);
     tmp_name.push(format!(".edra-tmp-{}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
-    let result = (|| {
-        match std::fs::remove_file(&tmp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        std::os::unix::fs::symlink(&spec.target, &tmp)?;
-        std::fs::rename(&tmp, &path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(|source| HookError::Write { path, source })?;
+    crate::util::replace_atomically(&path, &tmp, |tmp| std::os::unix::fs::symlink(&spec.target, tmp))
+        .map_err(|source| HookError::Write { path, source })?;
     Ok(LinkOutcome::Written)
 }
 
