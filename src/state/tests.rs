@@ -241,10 +241,7 @@ fn os_errors_that_sled_wraps_in_debug_text_read_plainly() {
     assert_eq!(plain_io(wrapped).to_string(), "No space left on device (os error 28)");
     let other = io::Error::other("something else");
     assert_eq!(plain_io(other).to_string(), "something else");
-    let e = db_err("read a claim")(sled::Error::Io(io::Error::new(
-        io::ErrorKind::Other,
-        "Os { code: 5, kind: Uncategorized }",
-    )));
+    let e = db_err("read a claim")(sled::Error::Io(io::Error::other("Os { code: 5, kind: Uncategorized }")));
     assert!(
         crate::app::error_chain(&e).ends_with("Input/output error (os error 5)"),
         "{}",
