@@ -230,7 +230,7 @@ async fn rediscover(
     every: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut tick = tokio::time::interval_at(kube::backoff::deadline_in(every), every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -292,7 +292,8 @@ async fn publish(
                     warn!(error = %msg, "cannot reach the API server yet; the kubelet is served meanwhile, retrying");
                 }
                 status.send_modify(|s| s.last_error = Some(msg));
-                let wait = delay + Duration::from_millis(fastrand::u64(0..=delay.as_millis() as u64 / 2));
+                let jitter = u64::try_from(delay.as_millis() / 2).unwrap_or(u64::MAX);
+                let wait = delay.saturating_add(Duration::from_millis(fastrand::u64(0..=jitter)));
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => if *shutdown.borrow() { return },

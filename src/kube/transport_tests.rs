@@ -321,3 +321,30 @@ async fn falls_back_to_http1_and_reuses_the_connection() {
     assert_eq!(client.stats().count("GET", 200), 3);
     assert_eq!(srv.connections.load(std::sync::atomic::Ordering::SeqCst), 1, "one pooled connection for all requests");
 }
+
+#[tokio::test]
+async fn absurd_retry_after_is_capped_and_returns_at_once() {
+    let huge = u64::MAX.to_string();
+    let signed = i64::MAX.to_string();
+    let details = |code: u16, secs: &str| {
+        let body = format!(
+            r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","message":"later","code":{code},"details":{{"retryAfterSeconds":{secs}}}}}"#
+        );
+        Reply::Json { status: code, headers: Vec::new(), body }
+    };
+    let replies = vec![
+        Reply::status(429, "TooManyRequests", "slow down").with_header("retry-after", &huge),
+        Reply::status(503, "ServiceUnavailable", "later").with_header("retry-after", &signed),
+        details(429, &huge),
+        details(503, &signed),
+    ];
+    let (_pki, srv, client) = setup(replies).await;
+    for n in 1..=4 {
+        let started = Instant::now();
+        let e = client.server_version().await.unwrap_err();
+        let api = e.api().unwrap_or_else(|| panic!("an API error: {e:?}"));
+        assert_eq!(api.retry_after, Some(MAX_RETRY_AFTER.as_secs()), "reply {n}: the server's delay is capped");
+        assert!(started.elapsed() < Duration::from_secs(5), "reply {n} waited {:?}", started.elapsed());
+        assert_eq!(srv.requests().len(), n, "a delay beyond the retry budget is not waited for");
+    }
+}

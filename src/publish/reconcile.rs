@@ -85,7 +85,7 @@ impl Publisher {
         let mut writes = 0u64;
         let mut deadline: Option<tokio::time::Instant> = None;
         loop {
-            let sleep_until = deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            let sleep_until = deadline.unwrap_or_else(|| kube::backoff::deadline_in(Duration::from_secs(3600)));
             tokio::select! {
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() { break; }
@@ -182,8 +182,9 @@ impl Publisher {
                         Err(e) => {
                             log_write_error(&e);
                             self.report(false, inventory.devices.len(), writes, Some(crate::app::error_chain(&e)));
-                            let jitter = fastrand::u64(0..=retry.as_millis() as u64 / 2);
-                            deadline = Some(tokio::time::Instant::now() + retry + Duration::from_millis(jitter));
+                            let jitter = u64::try_from(retry.as_millis() / 2).unwrap_or(u64::MAX);
+                            let wait = retry.saturating_add(Duration::from_millis(fastrand::u64(0..=jitter)));
+                            deadline = Some(kube::backoff::deadline_in(wait));
                             retry = (retry * 2).min(RETRY_MAX);
                         }
                     }

@@ -4,6 +4,7 @@
 //! at every failpoint of prepare and unprepare. The harness is `support::agent`.
 
 mod crash;
+mod misbehaving;
 mod offline;
 mod pool;
 mod preparing;
