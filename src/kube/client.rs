@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -351,13 +351,31 @@ impl Client {
         }
     }
 
-    /// Read a whole body before `deadline`.
-    async fn read_body(&self, op: &str, body: Incoming, deadline: Instant) -> Result<Bytes, Error> {
+    /// Read a whole body before `deadline`, at most `limit` bytes of it (a longer one is
+    /// an error as soon as its length shows, from `Content-Length` or while reading).
+    async fn read_body(
+        &self,
+        op: &str,
+        resp: Response<Incoming>,
+        deadline: Instant,
+        limit: BodyLimit,
+    ) -> Result<Bytes, Error> {
+        let too_large = || Error::TooLarge { operation: op.to_string(), what: limit.what, limit: limit.bytes };
+        let declared = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| usize::try_from(n).map_or(true, |n| n > limit.bytes)) {
+            return Err(too_large());
+        }
         let timeout = self.inner.settings.request_timeout;
-        let collected = tokio::time::timeout_at(deadline, body.collect())
+        let collected = tokio::time::timeout_at(deadline, Limited::new(resp.into_body(), limit.bytes).collect())
             .await
             .map_err(|_| Error::Timeout { operation: op.to_string(), after: timeout })?
-            .map_err(|e| Error::Transport { operation: op.to_string(), source: Box::new(e) })?;
+            .map_err(|e| {
+                if e.is::<LengthLimitError>() {
+                    too_large()
+                } else {
+                    Error::Transport { operation: op.to_string(), source: e }
+                }
+            })?;
         let bytes = collected.to_bytes();
         self.record_received(bytes.len());
         Ok(bytes)
@@ -369,7 +387,10 @@ impl Client {
         let (resp, deadline) = self.send(req, until).await?;
         let status = resp.status();
         let retry_after = retry_after(&resp);
-        let body = self.read_body(&op, resp.into_body(), deadline).await.map_err(Failure::Ambiguous)?;
+        let body = self.read_body(&op, resp, deadline, body_limit(req)).await.map_err(|e| {
+            // A server that sends more than the object can be will do so again.
+            if e.is_too_large() { Failure::Fatal(e) } else { Failure::Ambiguous(e) }
+        })?;
         if status.is_success() {
             return Ok(body);
         }
@@ -440,8 +461,44 @@ impl Client {
             return Ok(resp.into_body());
         }
         let ra = retry_after(&resp);
-        let body = self.read_body(&op, resp.into_body(), deadline_in(self.inner.settings.request_timeout)).await?;
+        let deadline = deadline_in(self.inner.settings.request_timeout);
+        let body = self.read_body(&op, resp, deadline, body_limit(&req)).await?;
         Err(Error::from_status(op, status.as_u16(), &body, ra))
+    }
+}
+
+/// The most a response body may hold, by what was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct BodyLimit {
+    pub bytes: usize,
+    /// What was asked for, for the error message.
+    pub what: &'static str,
+}
+
+/// Discovery documents (`/version`, `/api`, `/apis/<group>[/<version>]`) are a few KiB.
+pub const DISCOVERY_BODY_LIMIT: usize = 1 << 20;
+/// One object: the API server stores at most about 1.5 MiB per object (etcd's request
+/// limit) and accepts writes of at most 3 MiB; its JSON stays far below this, which is
+/// also the limit of one watch event.
+pub const OBJECT_BODY_LIMIT: usize = 16 << 20;
+/// A list of this node's ResourceSlices.
+pub const LIST_BODY_LIMIT: usize = 64 << 20;
+
+/// The body limit of a request (watches: of its error body; events have their own).
+pub(super) fn body_limit(req: &Request<Bytes>) -> BodyLimit {
+    let path = req.uri().path().trim_end_matches('/');
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let discovery = match segments.as_slice() {
+        ["version"] | ["api"] | ["apis"] | ["api", _] => true,
+        ["apis", _] | ["apis", _, _] => true,
+        _ => false,
+    };
+    if discovery {
+        BodyLimit { bytes: DISCOVERY_BODY_LIMIT, what: "a discovery document" }
+    } else if verb(req) == "LIST" {
+        BodyLimit { bytes: LIST_BODY_LIMIT, what: "a list of one node's ResourceSlices" }
+    } else {
+        BodyLimit { bytes: OBJECT_BODY_LIMIT, what: "one object" }
     }
 }
 

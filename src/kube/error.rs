@@ -101,6 +101,13 @@ pub enum Error {
         "{operation}: not sent: edra's own client-side rate limit (kubernetes.qps = {qps}, kubernetes.burst = {burst}) has {queued} requests queued ahead, a wait of {wait:?} that would pass this request's deadline; the API server was not asked. Raise kubernetes.qps and kubernetes.burst if this is normal load"
     )]
     Throttled { operation: String, qps: f64, burst: u32, queued: u64, wait: Duration },
+    /// The response body is larger than what edra asked for can be: not read further, not
+    /// retried.
+    #[error(
+        "{operation}: the response is larger than {} MiB, the most {what} can be; the API server or a proxy in front of it is misbehaving (not retried)",
+        limit >> 20
+    )]
+    TooLarge { operation: String, what: &'static str, limit: usize },
     /// No response (or body) within the timeout.
     #[error("{operation}: no response within {after:?}")]
     Timeout { operation: String, after: Duration },
@@ -184,6 +191,10 @@ impl Error {
     }
     pub fn is_tls(&self) -> bool {
         matches!(self, Error::Tls { .. })
+    }
+    /// The response was larger than its operation allows.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, Error::TooLarge { .. })
     }
     /// Held back by edra's own rate limit; never sent.
     pub fn is_throttled(&self) -> bool {

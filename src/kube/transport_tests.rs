@@ -348,3 +348,46 @@ async fn absurd_retry_after_is_capped_and_returns_at_once() {
         assert_eq!(srv.requests().len(), n, "a delay beyond the retry budget is not waited for");
     }
 }
+
+#[tokio::test]
+async fn an_oversized_discovery_reply_is_refused_not_buffered() {
+    // 4 MiB streamed without a Content-Length (what a broken proxy's endless reply looks
+    // like); the client stops at 1 MiB and does not ask again.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let chunk = bytes::Bytes::from(vec![b' '; 64 << 10]);
+    for _ in 0..64 {
+        tx.send(chunk.clone()).unwrap();
+    }
+    let (_pki, srv, client) = setup(vec![Reply::Stream { status: 200, rx }]).await;
+    let e = client.discover_resource_api().await.unwrap_err();
+    assert!(e.is_too_large(), "{e:?}");
+    let text = e.to_string();
+    assert!(text.starts_with("GET /apis/resource.k8s.io: the response is larger than 1 MiB"), "{text}");
+    assert!(text.contains("a discovery document"), "{text}");
+    assert_eq!(srv.requests().len(), 1, "an oversized reply is not retried");
+    drop(tx);
+
+    // With a Content-Length, the answer is refused before its body is read.
+    let huge = format!(
+        "{{\"kind\":\"Node\",\"metadata\":{{\"name\":\"n1\",\"annotations\":{{\"a\":\"{}\"}}}}}}",
+        "x".repeat(17 << 20)
+    );
+    let (_pki, srv, client) = setup(vec![Reply::Json { status: 200, headers: Vec::new(), body: huge }]).await;
+    let e = client.get_node("n1").await.unwrap_err();
+    assert!(
+        e.to_string().contains("GET /api/v1/nodes/n1: the response is larger than 16 MiB, the most one object can be"),
+        "{e}"
+    );
+    assert_eq!(srv.requests().len(), 1);
+}
+
+#[test]
+fn body_limits_follow_what_is_asked_for() {
+    let limit = |req: http::Request<bytes::Bytes>| client::body_limit(&req).bytes;
+    assert_eq!(limit(request::get("/version")), client::DISCOVERY_BODY_LIMIT);
+    assert_eq!(limit(request::get("/apis/resource.k8s.io")), client::DISCOVERY_BODY_LIMIT);
+    assert_eq!(limit(request::get("/apis/resource.k8s.io/v1")), client::DISCOVERY_BODY_LIMIT);
+    assert_eq!(limit(request::get_node("n1")), client::OBJECT_BODY_LIMIT);
+    assert_eq!(limit(request::get_claim(ResourceApi::V1, "ns", "c")), client::OBJECT_BODY_LIMIT);
+    assert_eq!(limit(request::list_slices(ResourceApi::V1, "spec.nodeName=n1")), client::LIST_BODY_LIMIT);
+}
