@@ -21,17 +21,13 @@ use crate::config::Config;
 use crate::inventory::{self, DeviceBackend, Inventory};
 use crate::kube::{self, Client, ResourceApi};
 use crate::plugin::{PluginOptions, PluginServer, RegistrationState};
-use crate::prepare::{ClaimFetchError, ClaimSource, PrepareSettings, Preparer};
+use crate::prepare::{self, ClaimFetchError, ClaimSource, PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
 use crate::telemetry::http::{Endpoints, MetricsListener, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
-
-/// How long a claim fetch may take in total, so a prepare answers the kubelet well within
-/// its 45 s timeout even when the API server does not answer.
-const CLAIM_FETCH_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]
@@ -419,9 +415,17 @@ impl Cluster {
 }
 
 impl ClaimSource for Cluster {
-    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+    fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
         let (ns, n) = (namespace.to_string(), name.to_string());
         Box::pin(async move {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ClaimFetchError::OutOfTime { namespace: ns, name: n, budget: prepare::FETCH_BUDGET });
+            }
             let api_error = |source: Box<dyn std::error::Error + Send + Sync>| ClaimFetchError::Api {
                 namespace: ns.clone(),
                 name: n.clone(),
@@ -429,16 +433,21 @@ impl ClaimSource for Cluster {
             };
             let fetch = async {
                 let api = self.api().await?;
-                self.client.get_claim(api, &ns, &n).await
+                self.client.get_claim_by(api, &ns, &n, deadline).await
             };
-            match tokio::time::timeout(CLAIM_FETCH_DEADLINE, fetch).await {
+            // The client itself stops at the deadline and says why; this only backs it up.
+            let backstop = deadline.checked_add(Duration::from_secs(1)).unwrap_or(deadline);
+            match tokio::time::timeout_at(backstop, fetch).await {
                 Ok(Ok(claim)) => Ok(claim),
                 Ok(Err(e)) if e.is_not_found() => {
                     Err(ClaimFetchError::NotFound { namespace: ns.clone(), name: n.clone() })
                 }
+                Ok(Err(e)) if e.is_throttled() => {
+                    Err(ClaimFetchError::Throttled { namespace: ns.clone(), name: n.clone(), source: Box::new(e) })
+                }
                 Ok(Err(e)) => Err(api_error(Box::new(e))),
                 Err(_) => Err(api_error(
-                    format!("no answer from the API server within {}s", CLAIM_FETCH_DEADLINE.as_secs()).into(),
+                    format!("no answer from the API server within {}s", prepare::FETCH_BUDGET.as_secs()).into(),
                 )),
             }
         })

@@ -34,6 +34,11 @@ use super::credentials::{Auth, Credentials, read_token};
 use super::error::find_tls_error;
 use super::{Error, tls};
 
+/// A request with a deadline is sent only if the server then has at least this long to
+/// answer; otherwise it is refused as throttled rather than cut short and blamed on the
+/// server.
+const MIN_TIME_TO_ANSWER: Duration = Duration::from_secs(1);
+
 type Http = hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Tunables of the client (from `config.kube` plus fixed policy).
@@ -294,15 +299,17 @@ impl Client {
         out.body(Full::new(req.body().clone())).map_err(|e| Error::Transport { operation: op, source: Box::new(e) })
     }
 
-    /// Take a token of the rate limit: by `until` when given (else refuse at once with
-    /// [`Error::Throttled`]), otherwise however long it takes.
+    /// Take a token of the rate limit: in time to leave [`MIN_TIME_TO_ANSWER`] before
+    /// `until` when given (else refuse at once with [`Error::Throttled`]), otherwise
+    /// however long it takes.
     async fn throttle(&self, req: &Request<Bytes>, until: Option<Instant>) -> Result<(), Error> {
         let limiter = &self.inner.limiter;
         let Some(until) = until else {
             limiter.acquire().await;
             return Ok(());
         };
-        limiter.acquire_by(until).await.map_err(|t| Error::Throttled {
+        let send_by = until.checked_sub(MIN_TIME_TO_ANSWER).unwrap_or(until);
+        limiter.acquire_by(send_by).await.map_err(|t| Error::Throttled {
             operation: operation(req),
             qps: self.inner.settings.qps,
             burst: self.inner.settings.burst,

@@ -98,7 +98,7 @@ pub enum Error {
     /// edra's own client-side rate limit would hold the request past its deadline, so it
     /// was not sent: the API server was not asked.
     #[error(
-        "{operation}: not sent: edra's own client-side rate limit (kubernetes.qps = {qps}, kubernetes.burst = {burst}) has {queued} requests queued ahead, a wait of {wait:?} that would pass this request's deadline; the API server was not asked. Raise kubernetes.qps and kubernetes.burst if this is normal load"
+        "{operation}: not sent: edra's own client-side rate limit (kubernetes.qps = {qps}, kubernetes.burst = {burst}) has {queued} requests queued ahead, a wait of {wait:.1?} that would pass this request's deadline; the API server was not asked. Raise kubernetes.qps and kubernetes.burst if this is normal load"
     )]
     Throttled { operation: String, qps: f64, burst: u32, queued: u64, wait: Duration },
     /// The response body is larger than what edra asked for can be: not read further, not

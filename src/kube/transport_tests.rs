@@ -391,3 +391,27 @@ fn body_limits_follow_what_is_asked_for() {
     assert_eq!(limit(request::get_claim(ResourceApi::V1, "ns", "c")), client::OBJECT_BODY_LIMIT);
     assert_eq!(limit(request::list_slices(ResourceApi::V1, "spec.nodeName=n1")), client::LIST_BODY_LIMIT);
 }
+
+#[tokio::test]
+async fn a_read_the_rate_limit_would_hold_past_its_deadline_is_not_sent() {
+    let pki = Pki::new("ca");
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"}, "spec": {}});
+    let srv = TestServer::start(&pki, Arc::new(move |_: &Seen| Reply::json(200, claim.clone()))).await;
+    let settings = ClientSettings { qps: 0.5, burst: 1, ..fast() };
+    let client = Client::new(srv.token_credentials(&pki, "t"), settings).unwrap();
+    let soon = || tokio::time::Instant::now() + Duration::from_secs(10);
+    client.get_claim_by(ResourceApi::V1, "ns", "c", soon()).await.expect("the burst token");
+    // The next token is 2 s away, but the server must also get a second to answer: fine.
+    client.get_claim_by(ResourceApi::V1, "ns", "c", soon()).await.expect("in time");
+    // Now the next is 2 s away and only 2.5 s are left: not sent, and said so.
+    let until = tokio::time::Instant::now() + Duration::from_millis(2500);
+    let e = client.get_claim_by(ResourceApi::V1, "ns", "c", until).await.unwrap_err();
+    assert!(e.is_throttled(), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("not sent: edra's own client-side rate limit (kubernetes.qps = 0.5, kubernetes.burst = 1)"),
+        "{text}"
+    );
+    assert_eq!(srv.requests().len(), 2, "the throttled read never reached the server");
+}
