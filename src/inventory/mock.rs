@@ -133,7 +133,7 @@ fn mig_layout(gpu: &GpuFacts, profiles: &[String], node: &str) -> Result<Vec<Mig
         // Profile numbers come from configuration: a sum or a GiB count that overflows is
         // simply more than the GPU has (never a wrapped, small value).
         slices = slices.saturating_add(g);
-        let bytes = gb.checked_mul(1 << 30).unwrap_or(u64::MAX);
+        let bytes = gb.saturating_mul(1 << 30);
         memory = memory.saturating_add(bytes);
         if slices > MIG_SLICES || memory > gpu.memory {
             return Err(InventoryError::Mock(format!(

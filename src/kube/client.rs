@@ -495,11 +495,8 @@ pub const LIST_BODY_LIMIT: usize = 64 << 20;
 pub(super) fn body_limit(req: &Request<Bytes>) -> BodyLimit {
     let path = req.uri().path().trim_end_matches('/');
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let discovery = match segments.as_slice() {
-        ["version"] | ["api"] | ["apis"] | ["api", _] => true,
-        ["apis", _] | ["apis", _, _] => true,
-        _ => false,
-    };
+    let discovery =
+        matches!(segments.as_slice(), ["version"] | ["api"] | ["apis"] | ["api", _] | ["apis", _] | ["apis", _, _]);
     if discovery {
         BodyLimit { bytes: DISCOVERY_BODY_LIMIT, what: "a discovery document" }
     } else if verb(req) == "LIST" {
