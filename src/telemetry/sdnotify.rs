@@ -177,9 +177,6 @@ impl Notifier {
         let Some(period) = self.watchdog_interval() else {
             return;
         };
-        // WATCHDOG_USEC comes from the environment: a period of centuries would overflow
-        // the clock when the next tick is scheduled. Pinging daily instead is harmless.
-        let period = period.min(MAX_PING_PERIOD);
         let mut ticks = tokio::time::interval(period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
@@ -196,9 +193,6 @@ impl Notifier {
         }
     }
 }
-
-/// The longest pause between watchdog pings, whatever `WATCHDOG_USEC` says.
-const MAX_PING_PERIOD: Duration = Duration::from_secs(86_400);
 
 /// Parses `NOTIFY_SOCKET`: an absolute path, or `@name` for an abstract socket.
 fn parse_address(value: &[u8]) -> Result<SocketAddr, String> {
