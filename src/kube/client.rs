@@ -6,14 +6,19 @@
 //! Retry policy. Attempts are bounded (`max_attempts`, default 5) and so is the total time
 //! (`retry_budget`, default 60 s). Never retried: any 4xx other than 429. Always retried:
 //! 429 (after `Retry-After` when given, capped at [`super::MAX_RETRY_AFTER`]; a delay
-//! beyond the retry budget returns the error at once), 503 with `Retry-After`, and connect failures (the
-//! request never left; except TLS verification failures, which retrying cannot fix). Reads (GET) and preconditioned writes (PUT carries the object's
+//! beyond the retry budget returns the error at once), 503 with `Retry-After`, and connect
+//! failures (the request never left; except TLS verification failures, which retrying
+//! cannot fix). Reads (GET) and preconditioned writes (PUT carries the object's
 //! resourceVersion, DELETE carries uid + resourceVersion preconditions: a replay after an
 //! unseen success yields 409/404, never a double write) are also retried on other 5xx,
 //! timeouts and broken connections. POST (create, possibly with generateName) is NOT retried
 //! after an ambiguous failure (5xx other than 503+Retry-After, timeout, connection lost after
 //! sending): the object may have been created, and a replay would create a second one; the
 //! error goes to the caller, whose reconcile loop lists and converges.
+//!
+//! Limits. A response body is read only up to what the request can return
+//! (`body_limit`); a request given a deadline (`Client::request_by`) is not sent when
+//! the rate limit would hold it past that deadline ([`Error::Throttled`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
