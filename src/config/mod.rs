@@ -7,6 +7,7 @@
 //! path edra uses is a key here, so tests run unprivileged against temp dirs.
 //! The documented example is `config/edra.toml`; docs/configuration.md lists every key.
 
+pub mod bounds;
 mod mock;
 pub mod source;
 
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 pub use mock::{MockMig, MockSettings, validate_mig_profile};
 pub use source::{Origin, Problem, Raw, Reader, env_name};
-use source::{abs_path, abs_path_list, boolean, duration, positive_f64, string, uint};
+use source::{abs_path, abs_path_list, boolean, string};
 
 /// The configuration file read when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/edra/config.toml";
@@ -363,8 +364,13 @@ impl Config {
             crio_config: r.get("runtime.crio_config", "/etc/crio/crio.conf".into(), abs_path),
             crio_config_dir: r.get("runtime.crio_config_dir", "/etc/crio/crio.conf.d".into(), abs_path),
         };
-        let rediscovery_interval = r.get("publish.rediscovery_interval", Duration::from_secs(60), positive_duration);
-        let shutdown_grace = r.get("plugin.shutdown_grace", Duration::from_secs(10), duration);
+        let rediscovery_interval = r.get(
+            "publish.rediscovery_interval",
+            Duration::from_secs(60),
+            bounds::duration_in(bounds::REDISCOVERY_INTERVAL),
+        );
+        let shutdown_grace =
+            r.get("plugin.shutdown_grace", Duration::from_secs(10), bounds::duration_in(bounds::SHUTDOWN_GRACE));
         let metrics = MetricsSettings {
             address: r.get("metrics.address", DEFAULT_METRICS_ADDRESS.parse().ok(), metrics_address),
         };
@@ -396,12 +402,13 @@ fn read_kube(r: &mut Reader) -> KubeSettings {
             if s.is_empty() { Err("expected a path, found an empty string".into()) } else { Ok(PathBuf::from(s)) }
         }),
         context: r.opt("kubernetes.context", string),
-        qps: r.get("kubernetes.qps", 100.0, positive_f64),
-        burst: r.get("kubernetes.burst", 200, |raw| match uint(raw)? {
-            0 => Err("burst must be at least 1".into()),
-            n => u32::try_from(n).map_err(|_| format!("burst {n} is too large")),
-        }),
-        request_timeout: r.get("kubernetes.request_timeout", Duration::from_secs(30), positive_duration),
+        qps: r.get("kubernetes.qps", 100.0, bounds::f64_in(bounds::QPS)),
+        burst: r.get("kubernetes.burst", 200, bounds::u32_in(bounds::BURST)),
+        request_timeout: r.get(
+            "kubernetes.request_timeout",
+            Duration::from_secs(30),
+            bounds::duration_in(bounds::REQUEST_TIMEOUT),
+        ),
         insecure_skip_tls_verify: r.get("kubernetes.insecure_skip_tls_verify", false, boolean),
         k3s_kubelet_kubeconfig: r.get(
             "kubernetes.k3s_kubelet_kubeconfig",
@@ -452,11 +459,6 @@ fn read_paths(r: &mut Reader) -> Paths {
         proc_root: r.get("paths.proc_root", "/proc".into(), abs_path),
         sys_root: r.get("paths.sys_root", "/sys".into(), abs_path),
     }
-}
-
-fn positive_duration(raw: &Raw) -> Result<Duration, String> {
-    let d = duration(raw)?;
-    if d.is_zero() { Err("must be greater than zero".into()) } else { Ok(d) }
 }
 
 /// Validates a DNS-1123 subdomain (lower case, ≤253, labels of `[a-z0-9-]` separated by `.`).
