@@ -94,6 +94,12 @@ fn disable_device_node_modification_acts_only_when_the_driver_may_create_nodes()
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     std::fs::write(proc_root.join("driver/nvidia/params"), "ModifyDeviceFiles: 1\n").unwrap();
     let out = run(&["disable-device-node-modification", "--proc-root", &proc_arg], &state);
-    assert_eq!(out.status.code(), Some(1), "pid 1's namespace is not under the fake procfs");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("mount namespace"));
+    // Run by hand in the host's namespace, the rootfs's /proc is no procfs mount: the hook
+    // says so instead of reporting a success it did not have.
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rootfs/proc is not a procfs mount") && stderr.contains("createContainer hook"),
+        "{stderr}"
+    );
 }
