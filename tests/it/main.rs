@@ -14,4 +14,5 @@ mod manifests;
 mod metrics;
 mod packaging;
 mod plugin_grpc;
+mod runtime;
 mod support;
