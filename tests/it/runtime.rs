@@ -65,14 +65,35 @@ fn have(test: &str, tools: &[&str]) -> bool {
     let missing: Vec<&str> = tools.iter().copied().filter(|t| which(t).is_none()).collect();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let reason = match (missing.is_empty(), root) {
-        (true, true) => return true,
-        (false, _) => format!("{} not installed", missing.join(", ")),
-        (true, false) => "not running as root (runtimes, mknod and mounts need it)".to_string(),
-    };
+    match (missing.is_empty(), root) {
+        (true, true) => true,
+        (false, _) => skip(test, &format!("{} not installed", missing.join(", "))),
+        (true, false) => skip(test, "not running as root (runtimes, mknod and mounts need it)"),
+    }
+}
+
+/// Prints why `test` does not run and returns false; under `CI=true` panics instead.
+fn skip(test: &str, reason: &str) -> bool {
     assert!(std::env::var("CI").as_deref() != Ok("true"), "{test}: {reason}; .ci/run installs what it needs");
     eprintln!("{test}: skipped: {reason}");
     false
+}
+
+/// Whether the runtime can run a trivial container at all (`cmd`, no CDI edits); else
+/// [`skip`] with the runtime's own words.
+fn runtime_runs(test: &str, runtime: &str, cmd: &mut Command) -> bool {
+    match cmd.stdin(Stdio::null()).output() {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => skip(
+            test,
+            &format!(
+                "{runtime} cannot run a container here at all ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ),
+        Err(e) => skip(test, &format!("cannot start {runtime}: {e}")),
+    }
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
@@ -373,10 +394,35 @@ fn bundle_config(node: &Node, bundle: &Path, rootfs: &Path) -> Value {
 }
 
 /// Runs each image on a bundle with `runtime` (runc or crun); returns nothing, asserts all.
-fn run_bundles(node: &Node, runtime: &str, prelude: &str) {
+fn run_bundles(test: &str, node: &Node, runtime: &str, prelude: &str) {
     let hooks: Vec<&str> =
         node.common()["hooks"].as_array().unwrap().iter().filter_map(|h| h["args"][2].as_str()).collect();
     assert_eq!(hooks, ["create-symlinks", "update-ldcache", "disable-device-node-modification"], "{}", node.spec);
+    let runtime_path = which(runtime).unwrap();
+    let state = node.work.join(format!("{runtime}-state"));
+    // A plain container first: a runtime that cannot run here at all is a skip, not a failure.
+    let probe = node.work.join(format!("{runtime}-probe"));
+    std::fs::create_dir_all(&probe).unwrap();
+    let rootfs = node.rootfs(&probe, Image::Plain);
+    run(Command::new(which("runc").unwrap()).arg("spec").arg("--bundle").arg(&probe));
+    let mut config: Value = serde_json::from_slice(&std::fs::read(probe.join("config.json")).unwrap()).unwrap();
+    config["root"] = json!({"path": rootfs, "readonly": false});
+    config["process"]["terminal"] = json!(false);
+    config["process"]["args"] = json!(["sh", "-c", "true"]);
+    std::fs::write(probe.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    let id = format!("edra-it-{}-{runtime}-probe", std::process::id());
+    let cmd: Vec<OsString> = vec![
+        runtime_path.clone().into(),
+        "--root".into(),
+        state.clone().into(),
+        "run".into(),
+        "--bundle".into(),
+        probe.into(),
+        id.into(),
+    ];
+    if !runtime_runs(test, runtime, &mut in_private_namespace(node, prelude, &cmd)) {
+        return;
+    }
     for image in IMAGES {
         let bundle = node.work.join(format!("{runtime}-{}", image.name()));
         std::fs::create_dir_all(&bundle).unwrap();
@@ -415,7 +461,7 @@ async fn the_spec_and_hooks_work_under_runc() {
         return;
     }
     let node = Node::prepare().await;
-    run_bundles(&node, "runc", "");
+    run_bundles("the_spec_and_hooks_work_under_runc", &node, "runc", "");
 }
 
 #[tokio::test]
@@ -427,7 +473,7 @@ async fn the_spec_and_hooks_work_under_crun() {
     // crun 1.8 refuses a hybrid cgroup layout (v1 controllers plus a v2 mount at
     // /sys/fs/cgroup/unified); hidden in the private namespace, crun uses v1 alone.
     let prelude = "umount /sys/fs/cgroup/unified 2>/dev/null || true";
-    run_bundles(&node, "crun", prelude);
+    run_bundles("the_spec_and_hooks_work_under_crun", &node, "crun", prelude);
 }
 
 #[tokio::test]
@@ -455,13 +501,21 @@ async fn the_spec_and_hooks_work_under_podman() {
             all.extend(args.iter().map(OsString::from));
             all
         };
-        for image in IMAGES {
+        for (i, image) in IMAGES.into_iter().enumerate() {
             let rootfs = node.rootfs(&dir, image);
             let tarball = dir.join(format!("{}.tar", image.name()));
             run(Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tarball).arg("."));
             let tag = format!("localhost/edra-it-{}:{}", std::process::id(), image.name());
             let import = podman(&["import", tarball.to_str().unwrap(), &tag]);
             run(Command::new(&import[0]).args(&import[1..]).env("CONTAINERS_CONF", &conf));
+            // A plain container first: podman that cannot run here at all is a skip.
+            let probe = podman(&["run", "--rm", "--network", "none", &tag, "sh", "-c", "true"]);
+            let mut probe = in_private_namespace(&node, "", &probe);
+            if i == 0
+                && !runtime_runs("the_spec_and_hooks_work_under_podman", "podman", probe.env("CONTAINERS_CONF", &conf))
+            {
+                return;
+            }
             let args = ["run", "--rm", "--network", "none", "-v", "/proc:/proc:rbind", "--device", &node.cdi_id];
             let args = [&args[..], &[tag.as_str(), "sh", "-c", CHECK]].concat();
             let cmd = podman(&args);
