@@ -61,8 +61,14 @@ fn lock(path: &Path) -> Result<File, InstanceError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(io_err)?;
     }
-    let mut file =
-        OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path).map_err(io_err)?;
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err)?;
     match try_flock(&file) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

@@ -289,10 +289,11 @@ impl Store {
 
     /// The error every call returns while the store is poisoned.
     fn poisoned(&self) -> Option<StateError> {
-        self.inner.health.borrow().as_ref().map(|reason| StateError::Poisoned {
-            dir: self.inner.dir.clone(),
-            reason: reason.clone(),
-        })
+        self.inner
+            .health
+            .borrow()
+            .as_ref()
+            .map(|reason| StateError::Poisoned { dir: self.inner.dir.clone(), reason: reason.clone() })
     }
 
     /// Runs `f` on the open database unless the store is poisoned; a failure that may
@@ -303,7 +304,10 @@ impl Store {
             return Err(e);
         }
         let Some(db) = guard.as_ref() else {
-            return Err(StateError::Poisoned { dir: self.inner.dir.clone(), reason: "the state is being re-opened".into() });
+            return Err(StateError::Poisoned {
+                dir: self.inner.dir.clone(),
+                reason: "the state is being re-opened".into(),
+            });
         };
         f(db).map_err(|failure| match failure {
             Failure::Plain(e) => e,
@@ -398,8 +402,10 @@ impl Store {
     pub fn claim(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
         self.with_db(|db| {
             let v = db.claims.get(uid.as_bytes()).map_err(|source| StateError::Db { op: "read a claim", source })?;
-            Ok(v.map(|b| record::decode_claim(&b).map_err(|source| StateError::Record { uid: uid.to_string(), source }))
-                .transpose()?)
+            Ok(v.map(|b| {
+                record::decode_claim(&b).map_err(|source| StateError::Record { uid: uid.to_string(), source })
+            })
+            .transpose()?)
         })
     }
 
@@ -419,7 +425,8 @@ impl Store {
     /// The UID of the claim holding `device`, if any.
     pub fn holder(&self, device: &str) -> Result<Option<String>, StateError> {
         self.with_db(|db| {
-            let v = db.devices.get(device.as_bytes()).map_err(|source| StateError::Db { op: "read a device", source })?;
+            let v =
+                db.devices.get(device.as_bytes()).map_err(|source| StateError::Db { op: "read a device", source })?;
             Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
         })
     }
