@@ -117,7 +117,7 @@ fn cc(dir: &Path, name: &str, source: &str, args: &[&str]) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let out = dir.join(name);
-    run(Command::new("cc").args(args).arg("-o").arg(&out).arg(&src));
+    run(Command::new("cc").arg("-o").arg(&out).arg(&src).args(args));
     out
 }
 
@@ -485,42 +485,40 @@ async fn the_spec_and_hooks_work_under_podman() {
         return;
     }
     let node = Node::prepare().await;
-    {
-        let dir = node.work.join("podman");
-        std::fs::create_dir_all(&dir).unwrap();
-        // podman here needs no default ulimits (runc fails setting RLIMIT_NPROC otherwise).
-        let conf = dir.join("containers.conf");
-        std::fs::write(
-            &conf,
-            "[containers]\ndefault_ulimits = []\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",
-        )
-        .unwrap();
-        let podman = |args: &[&str]| -> Vec<OsString> {
-            let mut all: Vec<OsString> = vec!["podman".into(), "--root".into(), dir.join("root").into()];
-            all.extend(["--runroot".into(), dir.join("runroot").into(), "--storage-driver".into(), "vfs".into()]);
-            all.extend(args.iter().map(OsString::from));
-            all
-        };
-        for (i, image) in IMAGES.into_iter().enumerate() {
-            let rootfs = node.rootfs(&dir, image);
-            let tarball = dir.join(format!("{}.tar", image.name()));
-            run(Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tarball).arg("."));
-            let tag = format!("localhost/edra-it-{}:{}", std::process::id(), image.name());
-            let import = podman(&["import", tarball.to_str().unwrap(), &tag]);
-            run(Command::new(&import[0]).args(&import[1..]).env("CONTAINERS_CONF", &conf));
-            // A plain container first: podman that cannot run here at all is a skip.
+    let dir = node.work.join("podman");
+    std::fs::create_dir_all(&dir).unwrap();
+    // podman here needs no default ulimits (runc fails setting RLIMIT_NPROC otherwise).
+    let conf = dir.join("containers.conf");
+    std::fs::write(
+        &conf,
+        "[containers]\ndefault_ulimits = []\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",
+    )
+    .unwrap();
+    let podman = |args: &[&str]| -> Vec<OsString> {
+        let mut all: Vec<OsString> = vec!["podman".into(), "--root".into(), dir.join("root").into()];
+        all.extend(["--runroot".into(), dir.join("runroot").into(), "--storage-driver".into(), "vfs".into()]);
+        all.extend(args.iter().map(OsString::from));
+        all
+    };
+    for (i, image) in IMAGES.into_iter().enumerate() {
+        let rootfs = node.rootfs(&dir, image);
+        let tarball = dir.join(format!("{}.tar", image.name()));
+        run(Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tarball).arg("."));
+        let tag = format!("localhost/edra-it-{}:{}", std::process::id(), image.name());
+        let import = podman(&["import", tarball.to_str().unwrap(), &tag]);
+        run(Command::new(&import[0]).args(&import[1..]).env("CONTAINERS_CONF", &conf));
+        // A plain container first: podman that cannot run here at all is a skip.
+        if i == 0 {
             let probe = podman(&["run", "--rm", "--network", "none", &tag, "sh", "-c", "true"]);
             let mut probe = in_private_namespace(&node, "", &probe);
-            if i == 0
-                && !runtime_runs("the_spec_and_hooks_work_under_podman", "podman", probe.env("CONTAINERS_CONF", &conf))
-            {
+            if !runtime_runs("the_spec_and_hooks_work_under_podman", "podman", probe.env("CONTAINERS_CONF", &conf)) {
                 return;
             }
-            let args = ["run", "--rm", "--network", "none", "-v", "/proc:/proc:rbind", "--device", &node.cdi_id];
-            let args = [&args[..], &[tag.as_str(), "sh", "-c", CHECK]].concat();
-            let cmd = podman(&args);
-            let out = run(in_private_namespace(&node, "", &cmd).env("CONTAINERS_CONF", &conf));
-            assert_container(&node, "podman", image, &out.stdout);
         }
+        let args = ["run", "--rm", "--network", "none", "-v", "/proc:/proc:rbind", "--device", &node.cdi_id];
+        let args = [&args[..], &[tag.as_str(), "sh", "-c", CHECK]].concat();
+        let cmd = podman(&args);
+        let out = run(in_private_namespace(&node, "", &cmd).env("CONTAINERS_CONF", &conf));
+        assert_container(&node, "podman", image, &out.stdout);
     }
 }
