@@ -114,18 +114,19 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
     })?;
     info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::VERSION);
-    let metrics_listener = match config.metrics.address {
-        Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
-        None => None,
-    };
-
-    // One agent per node: before anything touches the sockets, the CDI specs or the state.
+    // One agent per node: before anything touches the sockets, the CDI specs, the state or
+    // the metrics port (so a second instance is told what really stops it).
     let lock_paths = crate::instance::lock_paths(
         &config.paths.plugin_dir(&config.driver_name),
         &config.paths.cdi_dynamic_dir,
         &crate::prepare::cdi::vendor(&config.driver_name),
     );
     let _instance = crate::instance::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?;
+
+    let metrics_listener = match config.metrics.address {
+        Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
+        None => None,
+    };
 
     let backend: Arc<dyn DeviceBackend> =
         Arc::from(inventory::backend_from_config(&config).map_err(anyhow::Error::new)?);
