@@ -260,13 +260,12 @@ async fn heal_state(preparer: Preparer, mut shutdown: watch::Receiver<bool>) {
     let mut health = preparer.store().health();
     let mut backoff = kube::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     loop {
-        tokio::select! {
-            r = health.wait_for(Option::is_some) => if r.is_err() { return },
-            _ = shutdown.wait_for(|s| *s) => return,
+        match until_stopped(health.wait_for(Option::is_some), &mut shutdown).await {
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => return,
         }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff.next_delay()) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
+        if until_stopped(tokio::time::sleep(backoff.next_delay()), &mut shutdown).await.is_none() {
+            return;
         }
         let healing = preparer.clone();
         match tokio::task::spawn_blocking(move || healing.heal()).await {

@@ -3,6 +3,7 @@
 
 use super::*;
 
+#[cfg(debug_assertions)]
 const CRASH_DIR: &str = "CRASH_TEST_DIR";
 
 fn spec_path(f: &Fixture, uid: &str) -> PathBuf {

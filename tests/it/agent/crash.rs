@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use edra::plugin::ClaimRef;
-use edra::state::{Phase, Store};
+#[cfg(debug_assertions)]
+use edra::state::Phase;
+use edra::state::Store;
 
 use crate::support::agent::{ChildAgent, Cluster, GPUS, NodeFs, WAIT, prepare, prepare_ok, unprepare, unprepare_ok};
 
@@ -27,6 +29,7 @@ async fn assert_died(child: &mut ChildAgent, point: &str) {
     assert!(!status.success() && status.code().is_none(), "edra should abort at {point}, exited with {status}");
 }
 
+#[cfg(debug_assertions)]
 /// After the crash and a restart: the claim prepares, has exactly one spec, unprepares,
 /// and a second claim for the same device prepares too (no holding left behind).
 async fn converge(cluster: &Cluster, claim: &ClaimRef, other: &ClaimRef) {
