@@ -138,17 +138,11 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     let preparer =
         Preparer::new(store, inventory_rx.clone(), cluster.clone(), PrepareSettings::from_config(&config, hook_binary));
     let recovering = preparer.clone();
-    let report = tokio::task::spawn_blocking(move || recovering.recover())
+    // Recovery logs what it did ("state recovered").
+    tokio::task::spawn_blocking(move || recovering.recover())
         .await
         .map_err(|e| anyhow::anyhow!("recovery failed: {e}"))?
         .map_err(anyhow::Error::new)?;
-    info!(
-        rebooted = report.rebooted,
-        rolled_back = report.rolled_back.len(),
-        rewritten = report.rewritten.len(),
-        orphans_removed = report.orphans_removed.len(),
-        "state recovered"
-    );
 
     let calls = CallMetrics::new();
     let options = PluginOptions { observer: Some(calls.clone()), ..PluginOptions::default() };

@@ -172,11 +172,14 @@ pub struct NodeFs {
 impl NodeFs {
     fn create(root: &Path) -> NodeFs {
         let fs = NodeFs { root: root.to_path_buf() };
+        // 0750, as on a node: edra warns about kubelet directories open to every user.
+        let mut dirs = std::fs::DirBuilder::new();
+        std::os::unix::fs::DirBuilderExt::mode(dirs.recursive(true), 0o750);
         for d in ["kubelet/plugins", "kubelet/plugins_registry", "cdi/static", "cdi/dynamic", "state", "driver", "sys"]
         {
-            std::fs::create_dir_all(root.join(d)).expect("create node directory");
+            dirs.create(root.join(d)).expect("create node directory");
         }
-        std::fs::create_dir_all(root.join("dev")).expect("create /dev");
+        dirs.create(root.join("dev")).expect("create /dev");
         for node in ["nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia2", "nvidia3"] {
             std::fs::write(root.join("dev").join(node), b"").expect("create a device node stand-in");
         }
@@ -318,10 +321,14 @@ impl Drop for Agent {
     }
 }
 
-/// The real `edra run` binary as a child process (killed when dropped).
+/// The real `edra run` binary as a child process (killed when dropped). Its stderr goes to
+/// a log file in the cluster's directory (shared by the agents started there, appended),
+/// printed when a test fails while the child is alive, so passing runs stay quiet.
 pub struct ChildAgent {
     pub child: tokio::process::Child,
     pub fs: NodeFs,
+    /// The child's stderr.
+    pub log: PathBuf,
 }
 
 impl ChildAgent {
@@ -343,18 +350,22 @@ impl ChildAgent {
         let id = |m: std::fs::Metadata| (m.ino(), m.ctime(), m.ctime_nsec());
         let stale = std::fs::metadata(&socket).ok().map(id);
         let is_new = || std::fs::metadata(&socket).is_ok_and(|m| Some(id(m)) != stale);
+        let log = cluster.dir.path().join("edra-run.log");
+        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("open the agent's log");
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_edra"));
         cmd.arg("--config")
             .arg(cluster.config_file(NODE))
             .arg("run")
             .env_remove("KUBECONFIG")
             .env("EDRA_LOG_LEVEL", "warn")
+            .env_remove("NO_COLOR")
+            .env_remove("JOURNAL_STREAM")
             .env_remove("MALLOC_ARENA_MAX")
             .env_remove("GLIBC_TUNABLES")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .kill_on_drop(true);
         if failpoints.is_empty() {
             cmd.env_remove(edra::prepare::failpoint::ENV);
@@ -365,13 +376,19 @@ impl ChildAgent {
         let start = Instant::now();
         while !is_new() {
             if let Ok(Some(status)) = child.try_wait() {
-                panic!("edra run exited with {status} before serving the kubelet");
+                let output = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("edra run exited with {status} before serving the kubelet; its stderr:\n{output}");
             }
             assert!(start.elapsed() < WAIT, "timed out after {WAIT:?} waiting for {}", socket.display());
             tokio::time::sleep(POLL).await;
         }
         register(&fs).await;
-        ChildAgent { child, fs }
+        ChildAgent { child, fs, log }
+    }
+
+    /// What the child (and earlier agents of the same cluster) wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// A DRAPlugin v1 client on the child's DRA socket.
@@ -398,6 +415,14 @@ impl ChildAgent {
         }
         let status = self.wait_exit().await;
         assert!(status.success(), "edra run exited with {status} after SIGTERM");
+    }
+}
+
+impl Drop for ChildAgent {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("stderr of edra run ({}):\n{}", self.log.display(), self.stderr());
+        }
     }
 }
 
