@@ -335,9 +335,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
-/// A list of strings: a TOML array, or comma-separated text.
+/// A list of strings: a TOML array, or text that is either a TOML inline array
+/// (`["/a", "/b"]`) or comma-separated (`/a,/b`).
 pub fn string_list(raw: &Raw) -> Result<Vec<String>, String> {
     match raw {
+        Raw::Text(s) if s.trim_start().starts_with('[') => match toml_value(raw) {
+            Ok(array @ toml::Value::Array(_)) => string_list(&Raw::Toml(array)),
+            _ => Err(format!(
+                "expected a TOML array of strings such as [\"/a\", \"/b\"] or comma-separated values such as /a,/b, found {s:?}"
+            )),
+        },
         Raw::Text(s) => Ok(s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect()),
         Raw::Toml(toml::Value::Array(items)) => items
             .iter()
@@ -455,6 +462,21 @@ mod tests {
         assert!(problems.iter().any(|p| p.contains("EDRA_BURST") && p.contains("non-negative")));
         assert!(problems.iter().any(|p| p.contains("state_dri: unknown key (did you mean state_dir?)")));
         assert!(problems.iter().any(|p| p.contains("EDRA_BOGUS") && p.contains("not a configuration key")));
+    }
+
+    #[test]
+    fn text_lists_are_toml_arrays_or_comma_separated() {
+        let list = |s: &str| abs_path_list(&Raw::Text(s.into()));
+        let want = vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")];
+        assert_eq!(list("[\"/etc/cdi\", \"/var/run/cdi\"]").unwrap(), want);
+        assert_eq!(list(" ['/etc/cdi','/var/run/cdi'] ").unwrap(), want);
+        assert_eq!(list("/etc/cdi, /var/run/cdi").unwrap(), want);
+        assert_eq!(list("[]").unwrap(), Vec::<PathBuf>::new());
+        let unclosed = list("[\"/etc/cdi\"").unwrap_err();
+        assert!(unclosed.contains("TOML array of strings") && unclosed.contains("comma-separated"), "{unclosed}");
+        let numbers = list("[1, 2]").unwrap_err();
+        assert!(numbers.contains("element of type integer"), "{numbers}");
+        assert!(list("[\"relative\"]").unwrap_err().contains("not an absolute path"));
     }
 
     #[test]

@@ -116,8 +116,7 @@ pub fn init(format: LogFormat, level: &str) {
 pub fn init_with(format: LogFormat, level: &str, style: LogStyle) {
     use tracing_subscriber::fmt::format as line;
     let filter = EnvFilter::builder().parse_lossy(level);
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(style.ansi);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(style.ansi);
     let _ = match (format, style.journald) {
         (LogFormat::Text, false) => builder.with_target(true).try_init(),
         (LogFormat::Text, true) => {
@@ -125,9 +124,8 @@ pub fn init_with(format: LogFormat, level: &str, style: LogStyle) {
         }
         (LogFormat::Json, false) => builder.json().flatten_event(true).with_current_span(true).try_init(),
         // JSON keeps its timestamp field: log shippers read it from the object.
-        (LogFormat::Json, true) => builder
-            .json()
-            .event_format(Priority(line().json().flatten_event(true).with_current_span(true)))
-            .try_init(),
+        (LogFormat::Json, true) => {
+            builder.json().event_format(Priority(line().json().flatten_event(true).with_current_span(true))).try_init()
+        }
     };
 }
