@@ -25,7 +25,7 @@ use crate::prepare::{ClaimFetchError, ClaimSource, PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
-use crate::telemetry::http::{Endpoints, MetricsListener, Readiness};
+use crate::telemetry::http::{Endpoints, HttpError, MetricsListener, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
 
@@ -115,7 +115,12 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     })?;
     info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::VERSION);
     let metrics_listener = match config.metrics.address {
-        Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
+        // A port in use may be freed by the time systemd restarts edra: a runtime failure
+        // (exit 1), not a configuration error (exit 64, which stops restarts).
+        Some(address) => Some(MetricsListener::bind(address).map_err(|e| match e {
+            HttpError::AddressInUse { .. } => AppError::Other(anyhow::Error::new(e)),
+            HttpError::Bind { .. } => AppError::Config(error_chain(&e)),
+        })?),
         None => None,
     };
 
@@ -201,9 +206,19 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     if let Some(n) = &notifier {
         let _ = n.stopping();
     }
-    plugin.shutdown(config.shutdown_grace).await;
+    let aborted = plugin.shutdown(config.shutdown_grace).await;
     for task in [publishing, rediscovering, readiness].into_iter().chain(watchdog).chain(serving_metrics) {
         let _ = task.await;
+    }
+    if aborted > 0 {
+        // The kubelet retries them; the exit status tells systemd the stop was not clean.
+        error!(aborted, "stopped; kubelet calls still running after the grace period were aborted");
+        return Err(AppError::Other(anyhow::anyhow!(
+            "stopped after aborting {aborted} kubelet call{} still running after the {}s grace period \
+             (plugin.shutdown_grace); the kubelet retries them",
+            if aborted == 1 { "" } else { "s" },
+            config.shutdown_grace.as_secs_f64()
+        )));
     }
     info!("stopped");
     Ok(())

@@ -4,6 +4,7 @@
 //! at every failpoint of prepare and unprepare. The harness is `support::agent`.
 
 mod crash;
+mod exits;
 mod logs;
 mod offline;
 mod pool;
