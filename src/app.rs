@@ -406,6 +406,7 @@ impl ClaimSource for Cluster {
                 Ok(Err(e)) if e.is_not_found() => {
                     Err(ClaimFetchError::NotFound { namespace: ns.clone(), name: n.clone() })
                 }
+                Ok(Err(kube::Error::Decode { source, .. })) => Err(ClaimFetchError::unreadable(&ns, &n, source)),
                 Ok(Err(e)) => Err(api_error(Box::new(e))),
                 Err(_) => Err(api_error(
                     format!("no answer from the API server within {}s", CLAIM_FETCH_DEADLINE.as_secs()).into(),

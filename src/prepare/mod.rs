@@ -47,6 +47,19 @@ pub enum ClaimFetchError {
         /// Name.
         name: String,
     },
+    /// The API server answered, but edra cannot decode the claim it sent.
+    #[error("ResourceClaim {namespace}/{name} cannot be read: {reason}")]
+    Unreadable {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What is wrong and what to do.
+        reason: String,
+        /// The decoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The API server could not be asked or refused.
     #[error(
         "cannot get ResourceClaim {namespace}/{name}; check the API server connection and edra's permission to get ResourceClaims"
@@ -60,6 +73,24 @@ pub enum ClaimFetchError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+impl ClaimFetchError {
+    /// The error for a claim the API server sent but edra cannot decode.
+    pub fn unreadable(namespace: &str, name: &str, source: serde_json::Error) -> Self {
+        // serde_json stops at 128 nested levels; the API server accepts deeper opaque
+        // parameters.
+        let reason = if source.to_string().contains("recursion limit exceeded") {
+            "it nests deeper than edra reads (128 levels), most likely in opaque device \
+             parameters of the claim or its DeviceClass; flatten them"
+                .to_string()
+        } else {
+            format!(
+                "{source}; it is not a ResourceClaim edra understands (check that edra supports this Kubernetes version)"
+            )
+        };
+        ClaimFetchError::Unreadable { namespace: namespace.to_string(), name: name.to_string(), reason, source }
+    }
 }
 
 /// Where claims come from: the API server in production, a map in tests.
