@@ -286,7 +286,7 @@ impl Config {
         if let Some(path) = &file {
             match std::fs::read_to_string(path) {
                 Ok(text) => match toml::from_str::<toml::Table>(&text) {
-                    Ok(table) => reader = reader.with_toml(path, table),
+                    Ok(table) => reader = reader.with_toml(path, table).with_key_lines(&source::key_lines(&text)),
                     Err(e) => early.push(Problem {
                         key: String::new(),
                         origin: Some(Origin::File(path.clone())),

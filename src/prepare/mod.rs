@@ -197,7 +197,7 @@ pub enum PrepareError {
     #[error("invalid GpuConfig")]
     Config(#[source] config::ConfigError),
     /// A sharing strategy edra does not implement yet.
-    #[error("sharing strategy {strategy:?} (request {request}) is not supported yet; use Exclusive")]
+    #[error("sharing strategy {strategy} (request {request}) is not supported yet; use Exclusive")]
     UnsupportedSharing {
         /// The strategy.
         strategy: config::Strategy,
