@@ -218,6 +218,17 @@ pub enum PrepareError {
         #[source]
         source: std::io::Error,
     },
+    /// edra's CDI directory is not a directory it can write (checked at start).
+    #[error(
+        "edra's CDI directory {} {problem}; set cdi.dynamic_dir to a directory the container runtime reads and edra may write",
+        dir.display()
+    )]
+    CdiDir {
+        /// `cdi.dynamic_dir`.
+        dir: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The generated spec breaks the CDI rules (a bug in edra).
     #[error("the generated CDI spec is invalid ({}); please report this", problems.join("; "))]
     InvalidSpec {
