@@ -119,6 +119,19 @@ fn missing_credentials_are_one_problem_with_the_sources_indented_under_it() {
     }
     assert!(lines[8].starts_with("    set kubernetes.kubeconfig (--kubeconfig)"), "{text}");
     assert_eq!(lines.len(), 9, "{text}");
+    // `edra doctor` reports the same search, and says what to do once (in its fix).
+    let n = args.len() - 5;
+    let mut doctor: Vec<&str> = args[..n].to_vec();
+    doctor.extend(["doctor", "--backend", "mock", "--node-name", "n1", "-o", "json"]);
+    let out = edra(dir.path(), &[], &doctor);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor JSON");
+    let checks = report["checks"].as_array().expect("checks");
+    let api = checks.iter().find(|c| c["name"] == "api-server").expect("an api-server check");
+    let detail = api["detail"].as_str().unwrap_or_default();
+    assert!(detail.starts_with("no usable Kubernetes credentials; tried, in order: kubernetes.kubeconfig"), "{detail}");
+    assert!(!detail.contains("run in a pod"), "the fix is not repeated in the detail: {detail}");
+    assert_eq!(api["fix"].as_str(), Some(edra::kube::credentials::NO_CREDENTIALS_FIX));
     // The documentation quotes what edra prints.
     for doc in ["README.md", "docs/operations.md", "docs/configuration.md"] {
         let body = read(doc);
