@@ -15,6 +15,7 @@
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
+//! - [`instance`]: the lock files that keep a second agent off the node.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
 
 pub mod app;
@@ -22,6 +23,7 @@ pub mod cli;
 pub mod config;
 pub mod doctor;
 pub mod hook;
+pub mod instance;
 pub mod inventory;
 pub mod kube;
 pub mod malloc;

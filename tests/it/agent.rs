@@ -4,9 +4,11 @@
 //! at every failpoint of prepare and unprepare. The harness is `support::agent`.
 
 mod crash;
+mod diskfull;
 mod exits;
 mod logs;
 mod offline;
 mod pool;
 mod preparing;
 mod publishing;
+mod single;
