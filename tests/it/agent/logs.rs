@@ -49,7 +49,8 @@ async fn under_the_journal_lines_carry_a_priority_and_no_timestamp() {
         assert!(level.iter().any(|l| line[3..].starts_with(l)), "not the level after the priority: {line:?}");
     }
     // A stream that is not stderr's (inherited, then redirected) is ignored.
-    std::fs::remove_file(&path).expect("remove the log");
+    // Renamed, not removed: the file keeps its inode, so the new log cannot reuse it.
+    std::fs::rename(&path, cluster.dir.path().join("journal-stream")).expect("move the log aside");
     let text = run_and_stop(&cluster, &[("JOURNAL_STREAM", &stream)]).await;
     assert!(text.lines().all(|l| !l.starts_with('<')), "{text}");
 }
