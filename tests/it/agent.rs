@@ -7,6 +7,7 @@ mod crash;
 mod diskfull;
 mod exits;
 mod logs;
+mod misbehaving;
 mod offline;
 mod pool;
 mod preparing;

@@ -5,5 +5,6 @@ pub mod agent;
 pub mod apiserver;
 pub mod cc;
 pub mod kubelet;
+pub mod layout;
 pub mod nvml;
 pub mod procfs;
