@@ -27,6 +27,8 @@ fn assert_state_empty(fs: &NodeFs) {
 async fn assert_died(child: &mut ChildAgent, point: &str) {
     let status = child.wait_exit().await;
     assert!(!status.success() && status.code().is_none(), "edra should abort at {point}, exited with {status}");
+    let said = format!("edra: failpoint {point} hit; aborting");
+    assert!(child.stderr().contains(&said), "edra should say {said:?}; its stderr:\n{}", child.stderr());
 }
 
 #[cfg(debug_assertions)]
