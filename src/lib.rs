@@ -21,6 +21,8 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod doctor;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hook;
 pub mod inventory;
 pub mod kube;
