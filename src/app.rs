@@ -114,6 +114,15 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
     })?;
     info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::VERSION);
+    // One agent per node: before anything touches the sockets, the CDI specs, the state or
+    // the metrics port (so a second instance is told what really stops it).
+    let lock_paths = crate::instance::lock_paths(
+        &config.paths.plugin_dir(&config.driver_name),
+        &config.paths.cdi_dynamic_dir,
+        &crate::prepare::cdi::vendor(&config.driver_name),
+    );
+    let _instance = crate::instance::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?;
+
     let metrics_listener = match config.metrics.address {
         Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
         None => None,
@@ -137,6 +146,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     };
     let preparer =
         Preparer::new(store, inventory_rx.clone(), cluster.clone(), PrepareSettings::from_config(&config, hook_binary));
+    let store_health = preparer.store().health();
     let recovering = preparer.clone();
     let report = tokio::task::spawn_blocking(move || recovering.recover())
         .await
@@ -150,6 +160,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         "state recovered"
     );
 
+    let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let calls = CallMetrics::new();
     let options = PluginOptions { observer: Some(calls.clone()), ..PluginOptions::default() };
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
@@ -173,7 +184,8 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
             publish: status_rx.clone(),
             api_stats: Arc::new(move || api_client.stats()),
         };
-        let readiness = Readiness { registration: plugin.registration(), publish: status_rx.clone() };
+        let readiness =
+            Readiness { registration: plugin.registration(), publish: status_rx.clone(), state: store_health };
         listener.serve(Endpoints { metrics: Metrics::new(&calls, sources), readiness }, shutdown.clone())
     });
     let notifier = match Notifier::from_process_env() {
@@ -208,11 +220,38 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
         let _ = n.stopping();
     }
     plugin.shutdown(config.shutdown_grace).await;
-    for task in [publishing, rediscovering, readiness].into_iter().chain(watchdog).chain(serving_metrics) {
+    for task in [publishing, rediscovering, readiness, healing].into_iter().chain(watchdog).chain(serving_metrics) {
         let _ = task.await;
     }
     info!("stopped");
     Ok(())
+}
+
+/// Re-opens the state store whenever it is poisoned (a change could not be made durable),
+/// retrying with backoff until the disk takes writes again; recovery then runs on what the
+/// disk says. Until then every kubelet call fails with the reason.
+async fn heal_state(preparer: Preparer, mut shutdown: watch::Receiver<bool>) {
+    let mut health = preparer.store().health();
+    let mut backoff = kube::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            r = health.wait_for(Option::is_some) => if r.is_err() { return },
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        let healing = preparer.clone();
+        match tokio::task::spawn_blocking(move || healing.heal()).await {
+            Ok(Ok(report)) => {
+                backoff.reset();
+                info!(rolled_back = report.rolled_back.len(), "state store re-opened; serving claims again");
+            }
+            Ok(Err(e)) => warn!(error = %error_chain(&e), "the state store cannot be re-opened yet; retrying"),
+            Err(e) => warn!(error = %e, "re-opening the state store failed; retrying"),
+        }
+    }
 }
 
 async fn discover(backend: &Arc<dyn DeviceBackend>) -> Result<Inventory, inventory::InventoryError> {

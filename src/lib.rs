@@ -15,6 +15,7 @@
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
+//! - [`instance`]: the lock files that keep a second agent off the node.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
 
 pub mod app;
@@ -24,6 +25,7 @@ pub mod doctor;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hook;
+pub mod instance;
 pub mod inventory;
 pub mod kube;
 pub mod malloc;

@@ -89,6 +89,18 @@ pub enum PluginError {
         #[source]
         source: io::Error,
     },
+    /// A live socket is at edra's path: another process serves it.
+    #[error(
+        "{path} is served by a running process{}; another edra is running for this node: stop it first \
+         (systemctl stop edra)",
+        .pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    SocketInUse {
+        /// The socket.
+        path: PathBuf,
+        /// The pid of the process serving it, when the kernel tells.
+        pid: Option<u32>,
+    },
     /// A stale socket of edra's own name could not be removed.
     #[error("could not remove the stale socket {path}; remove it by hand")]
     RemoveStale {

@@ -68,6 +68,11 @@ pub(crate) fn bind(path: &Path) -> Result<BoundSocket, PluginError> {
     }
     match fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
+            // A socket someone still listens on belongs to a running process (another
+            // edra): never take it over.
+            if let Ok(live) = StdUnixStream::connect(path) {
+                return Err(PluginError::SocketInUse { path: path.to_path_buf(), pid: peer_pid(&live) });
+            }
             tracing::info!(path = %path.display(), "removing a stale socket left by an earlier run");
             fs::remove_file(path).map_err(|source| PluginError::RemoveStale { path: path.to_path_buf(), source })?;
         }
@@ -106,6 +111,25 @@ pub(crate) fn bind(path: &Path) -> Result<BoundSocket, PluginError> {
             Err(PluginError::Chmod { path: path.to_path_buf(), source })
         }
     }
+}
+
+/// The pid of the process at the other end of a connected Unix socket (`SO_PEERCRED`).
+fn peer_pid(stream: &StdUnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).ok()?;
+    // SAFETY: `cred` and `len` are valid for writes and `len` is the size of `cred`, as
+    // getsockopt(SO_PEERCRED) requires; the descriptor is open for the call's duration.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc == 0 { u32::try_from(cred.pid).ok().filter(|p| *p != 0) } else { None }
 }
 
 /// `<dir>/.<name>~`: where a socket is bound before it is renamed to `path`.
@@ -227,4 +251,29 @@ pub(crate) fn incoming(
         };
         Some((next, (listener, path, connections)))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_live_socket_is_never_replaced_and_a_dead_one_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("dra.sock");
+        let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let before = fs::metadata(&path).unwrap().ino();
+        let err = bind(&path).unwrap_err();
+        assert!(
+            matches!(&err, PluginError::SocketInUse { pid: Some(p), .. } if *p == std::process::id()),
+            "the peer's pid comes from SO_PEERCRED: {err:?}"
+        );
+        assert!(err.to_string().contains(&format!("(pid {})", std::process::id())), "{err}");
+        assert_eq!(fs::metadata(&path).unwrap().ino(), before, "the live socket is left in place");
+        // Nobody listens any more: the file is stale and is replaced.
+        drop(live);
+        let bound = bind(&path).unwrap();
+        assert!(StdUnixStream::connect(&path).is_ok(), "the new socket listens");
+        drop(bound);
+    }
 }

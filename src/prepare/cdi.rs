@@ -297,6 +297,18 @@ fn env_suffix(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
 }
 
+/// For a temp file of [`write_spec`] (`.<spec file name>.tmp-<pid>-<random>`) of `vendor`:
+/// the claim UID and the pid of the process that wrote it.
+pub fn temp_file_owner<'a>(vendor: &str, file_name: &'a str) -> Option<(&'a str, u32)> {
+    let (spec, rest) = file_name.strip_prefix('.')?.split_once(".tmp-")?;
+    let uid = uid_from_file_name(vendor, spec)?;
+    let (pid, random) = rest.split_once('-')?;
+    if random.len() != 8 || !random.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some((uid, pid.parse().ok()?))
+}
+
 /// Writes `spec` to `path` atomically: temp file in the same directory, write, fsync,
 /// rename, fsync the directory. Mode 0644 (runtimes read it; it holds no secrets).
 pub fn write_spec(path: &Path, spec: &Spec) -> io::Result<()> {

@@ -15,19 +15,32 @@ pub struct ClaimLocks {
 impl ClaimLocks {
     /// Waits for and takes the lock of claim `uid`.
     pub async fn lock(&self, uid: &str) -> OwnedMutexGuard<()> {
-        let lock = {
-            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|_, w| w.strong_count() > 0);
-            match map.get(uid).and_then(Weak::upgrade) {
-                Some(l) => l,
-                None => {
-                    let l = Arc::new(AsyncMutex::new(()));
-                    map.insert(uid.to_string(), Arc::downgrade(&l));
-                    l
-                }
+        self.entry(uid).lock_owned().await
+    }
+
+    /// The lock of `uid`, made when absent.
+    fn entry(&self, uid: &str) -> Arc<AsyncMutex<()>> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, w| w.strong_count() > 0);
+        match map.get(uid).and_then(Weak::upgrade) {
+            Some(l) => l,
+            None => {
+                let l = Arc::new(AsyncMutex::new(()));
+                map.insert(uid.to_string(), Arc::downgrade(&l));
+                l
             }
-        };
-        lock.lock_owned().await
+        }
+    }
+
+    /// Takes the lock of claim `uid` from blocking code (recovery), waiting if an async
+    /// task holds it. Must not be called on an async worker thread when the lock may be
+    /// held; uncontended, it never blocks.
+    pub fn lock_blocking(&self, uid: &str) -> OwnedMutexGuard<()> {
+        let lock = self.entry(uid);
+        match lock.clone().try_lock_owned() {
+            Ok(guard) => guard,
+            Err(_) => lock.blocking_lock_owned(),
+        }
     }
 
     /// Number of entries (claims in flight, plus any not yet pruned).

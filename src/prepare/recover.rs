@@ -1,10 +1,15 @@
-//! Recovery at start: make the state store, the CDI directory and the node agree again.
+//! Recovery at start, and again after the state store was re-opened: make the state
+//! store, the CDI directory and the node agree again.
 //!
 //! A crash (kill -9, power cut) can leave PrepareStarted records, partly written or
 //! orphaned spec files; a reboot clears the CDI directory under /var/run. Recovery rolls
 //! back PrepareStarted records (spec and device holdings), keeps PrepareCompleted ones
 //! (the kubelet may call prepare again for their pods) and re-writes their missing specs,
-//! removes spec and temp files of edra's kind that no record owns, and stores the boot ID.
+//! removes spec files of edra's kind that no record owns and temp files whose writer is
+//! gone, and stores the boot ID. Each claim is handled under its lock, so recovery can run
+//! while the kubelet is served (after a re-open) without undoing a prepare in flight. The
+//! instance lock ([`crate::instance`]) makes edra the only writer of its kind's specs in
+//! the CDI directory, so a spec without a record is its own and stale.
 
 use super::{PrepareError, Preparer, cdi, read_boot_id};
 use crate::state::Phase;
@@ -25,6 +30,15 @@ pub struct RecoveryReport {
 }
 
 impl Preparer {
+    /// After the state store was poisoned (see [`crate::state`]): re-opens it from disk and
+    /// recovers from what the disk says (blocking I/O). A PrepareStarted record on disk
+    /// means the kubelet was never told the claim is prepared (that answer follows a
+    /// durable PrepareCompleted), so rolling it back cannot take a GPU from a running pod.
+    pub fn heal(&self) -> Result<RecoveryReport, PrepareError> {
+        self.store().reopen()?;
+        self.recover()
+    }
+
     /// Runs recovery (blocking I/O; call once at start, before serving the kubelet).
     pub fn recover(&self) -> Result<RecoveryReport, PrepareError> {
         let store = self.store();
@@ -36,7 +50,11 @@ impl Preparer {
             Some(s) => !boot_id.is_empty() && *s != boot_id,
             None => false,
         };
+        let locks = &self.inner.locks;
         for rec in store.claims()? {
+            let _held = locks.lock_blocking(&rec.uid);
+            // Re-read under the lock: a prepare or unprepare may have changed it meanwhile.
+            let Some(rec) = store.claim(&rec.uid)? else { continue };
             match rec.phase {
                 Phase::PrepareStarted => {
                     self.release(&rec.uid)?;
@@ -57,15 +75,19 @@ impl Preparer {
             }
         }
         let vendor = settings.cdi_vendor();
-        let own_prefix = cdi::spec_file_name(&vendor, "");
-        let own_prefix = own_prefix.trim_end_matches(".json");
         if let Ok(entries) = std::fs::read_dir(&settings.cdi_dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let orphan = match cdi::uid_from_file_name(&vendor, &name) {
-                    Some(uid) => store.claim(uid)?.is_none(),
-                    // Temp files of an interrupted atomic write.
-                    None => name.starts_with(&format!(".{own_prefix}")) && name.contains(".json.tmp-"),
+                let temp = cdi::temp_file_owner(&vendor, &name);
+                let Some(uid) = cdi::uid_from_file_name(&vendor, &name).or(temp.map(|(uid, _)| uid)) else {
+                    continue;
+                };
+                let _held = locks.lock_blocking(uid);
+                let orphan = match temp {
+                    // A temp file of an interrupted atomic write: stale when its writer is
+                    // gone, or was this process (which writes under the claim's lock).
+                    Some((_, pid)) => pid == std::process::id() || !settings.proc_root.join(pid.to_string()).exists(),
+                    None => store.claim(uid)?.is_none() && entry.path().exists(),
                 };
                 if orphan {
                     let path = entry.path();

@@ -76,7 +76,9 @@ async fn recovery_converges_after_a_simulated_crash_and_reboot() {
 }
 
 /// Runs in a child process only: prepares (and unprepares) a claim in CRASH_TEST_DIR with
-/// a failpoint enabled, so the process aborts part-way.
+/// a failpoint enabled, so the process aborts part-way. Failpoints exist in debug builds
+/// only, so do these tests.
+#[cfg(debug_assertions)]
 #[tokio::test]
 #[ignore = "run by crash_at_every_failpoint_converges in a child process"]
 async fn crash_child() {
@@ -88,6 +90,7 @@ async fn crash_child() {
     f.preparer.unprepare(vec![cref(UID1, "c")]).await;
 }
 
+#[cfg(debug_assertions)]
 #[tokio::test]
 async fn crash_at_every_failpoint_converges() {
     let exe = std::env::current_exe().unwrap();
@@ -129,4 +132,85 @@ async fn crash_at_every_failpoint_converges() {
         assert!(store.claims().unwrap().is_empty() && store.holder("gpu-0").unwrap().is_none(), "{point}");
         assert_eq!(std::fs::read_dir(f.cdi_dir()).unwrap().count(), 0, "{point}");
     }
+}
+
+/// A full disk while preparing: the prepare fails, and until the state is re-opened from
+/// disk no call is answered from memory — in particular not the claim whose
+/// PrepareCompleted record reached sled's memory but not the disk.
+#[tokio::test]
+async fn a_failed_durability_step_is_never_answered_from_memory() {
+    let f = Fixture::new();
+    let store = f.preparer.store().clone();
+    let health = store.health();
+    // UID2 was prepared while the disk was fine: the kubelet was told so.
+    f.claims.put(claim(UID2, "kept", &[("gpu", DRIVER, NODE, "gpu-1", false)], json!([])));
+    assert!(f.preparer.prepare(vec![cref(UID2, "kept")]).await[UID2].is_ok());
+
+    // The disk fills between PrepareStarted and PrepareCompleted of UID1.
+    f.claims.put(claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    store.fail_syncs_after(Some(1));
+    let r = f.preparer.prepare(vec![cref(UID1, "c")]).await;
+    let first = r[UID1].as_ref().unwrap_err();
+    assert!(first.contains("cannot make edra's state durable"), "{first}");
+    assert!(health.borrow().is_some(), "the failed sync poisons the store");
+    // The retry must not be answered from the PrepareCompleted record in memory.
+    let r = f.preparer.prepare(vec![cref(UID1, "c"), cref(UID2, "kept")]).await;
+    for uid in [UID1, UID2] {
+        let e = r[uid].as_ref().unwrap_err();
+        assert!(e.contains("is unusable since a change could not be made durable"), "{uid}: {e}");
+    }
+    let r = f.preparer.unprepare(vec![cref(UID2, "kept")]).await;
+    assert!(r[UID2].is_err(), "unprepare is refused too: {r:?}");
+    assert!(spec_path(&f, UID2).exists(), "a refused unprepare removes nothing");
+
+    // While the disk is still full, healing fails and changes nothing.
+    assert!(f.preparer.heal().is_err());
+    assert!(health.borrow().is_some());
+
+    // Space is freed: the state is re-opened from disk and recovered.
+    store.fail_syncs_after(None);
+    let report = f.preparer.heal().unwrap();
+    assert!(health.borrow().is_none());
+    // The claim the kubelet was told is prepared is kept, with its device and spec.
+    let kept = store.claim(UID2).unwrap().expect("UID2 kept");
+    assert_eq!(kept.phase, Phase::PrepareCompleted);
+    assert_eq!(store.holder("gpu-1").unwrap().as_deref(), Some(UID2));
+    assert!(spec_path(&f, UID2).exists());
+    // UID1 is either rolled back (the disk said PrepareStarted) or completed (sled wrote
+    // the record when it closed the database); never half of each.
+    match store.claim(UID1).unwrap() {
+        None => {
+            assert_eq!(report.rolled_back, [UID1]);
+            assert!(!spec_path(&f, UID1).exists() && store.holder("gpu-0").unwrap().is_none());
+        }
+        Some(rec) => {
+            assert_eq!(rec.phase, Phase::PrepareCompleted, "{report:?}");
+            assert!(spec_path(&f, UID1).exists());
+        }
+    }
+    // Both claims answer again, and release normally.
+    let r = f.preparer.prepare(vec![cref(UID1, "c"), cref(UID2, "kept")]).await;
+    assert!(r.values().all(Result::is_ok), "{r:?}");
+    let r = f.preparer.unprepare(vec![cref(UID1, "c"), cref(UID2, "kept")]).await;
+    assert!(r.values().all(Result::is_ok), "{r:?}");
+    assert!(store.claims().unwrap().is_empty());
+}
+
+/// Recovery removes only what it can prove stale: a temp file whose writer still runs is
+/// another process's write in progress.
+#[tokio::test]
+async fn recovery_leaves_temp_files_of_live_writers() {
+    let f = Fixture::new();
+    std::fs::create_dir_all(f.cdi_dir()).unwrap();
+    let live_pid = 4_000_000u32;
+    std::fs::create_dir_all(f.root.join(format!("proc/{live_pid}"))).unwrap();
+    let live = f.cdi_dir().join(format!(".k8s.gpu.edra.dev-claim_{UID1}.json.tmp-{live_pid}-0000abcd"));
+    let dead = f.cdi_dir().join(format!(".k8s.gpu.edra.dev-claim_{UID2}.json.tmp-4000001-0000abcd"));
+    let odd = f.cdi_dir().join(format!(".k8s.gpu.edra.dev-claim_{UID3}.json.tmp-x"));
+    for p in [&live, &dead, &odd] {
+        std::fs::write(p, b"{").unwrap();
+    }
+    let report = f.preparer.recover().unwrap();
+    assert_eq!(report.orphans_removed, std::slice::from_ref(&dead));
+    assert!(live.exists() && odd.exists() && !dead.exists());
 }

@@ -1,12 +1,21 @@
 //! Node-local allocation state: a sled database behind a narrow, durable store API.
 //!
 //! Three trees: `claims` (claim UID → [`ClaimRecord`]), `devices` (device name → UID of the
-//! claim holding it exclusively) and `meta` (store schema version, boot ID). Every change
-//! is one sled transaction across the trees, made durable before the call returns: sled
-//! 0.34's `flush()` only issues `sync_file_range` on Linux (its issue #1452), which persists
-//! neither metadata nor the disk cache, so each commit is followed by `fsync` of the
-//! database's log file (`db`) and its `conf`; the directory itself is synced after the
-//! files are created. Nothing outside this module knows the store is sled.
+//! claim holding it exclusively) and `meta` (store schema version, boot ID, the store's
+//! identity). Every change is one sled transaction across the trees, made durable before
+//! the call returns: sled 0.34's `flush()` only issues `sync_file_range` on Linux (its
+//! issue #1452), which persists neither metadata nor the disk cache, so each commit is
+//! followed by `fsync` of the database's log file (`db`) and its `conf`; the directory
+//! itself is synced after the files are created. Nothing outside this module knows the
+//! store is sled.
+//!
+//! **A failed durability step poisons the store.** When a change cannot be made durable
+//! (a full disk, an I/O error), sled's memory may hold what the disk does not, so from then
+//! on every call fails with [`StateError::Poisoned`] naming the first failure — nothing is
+//! answered from memory that the disk might not say. [`Store::health`] tells watchers (the
+//! health endpoints, the log). [`Store::reopen`] drops the database, opens it again from
+//! disk, proves the disk takes a durable write, and only then lifts the poison; the caller
+//! then runs recovery, which sees exactly what is on disk.
 
 pub mod record;
 #[cfg(test)]
@@ -16,10 +25,11 @@ use std::fs::{DirBuilder, File};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
+use tokio::sync::watch;
 
 pub use record::{ClaimRecord, DeviceRecord, Phase, RecordError, SCHEMA_VERSION};
 
@@ -30,6 +40,9 @@ const META_SCHEMA: &[u8] = b"schema";
 /// history of pages.
 pub const CACHE_CAPACITY: u64 = 8 * 1024 * 1024;
 const META_BOOT_ID: &[u8] = b"boot_id";
+const META_ID: &[u8] = b"id";
+/// When the store was last re-opened after being poisoned (the write that proves the disk).
+const META_REOPENED: &[u8] = b"reopened";
 
 /// What went wrong with the state store.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +110,18 @@ pub enum StateError {
         #[source]
         source: sled::Error,
     },
+    /// An earlier change could not be made durable; nothing is served until a re-open.
+    #[error(
+        "edra's state in {} is unusable since a change could not be made durable ({reason}); free space or fix the disk \
+         there: edra re-opens the state by itself and retries, or restart edra",
+        dir.display()
+    )]
+    Poisoned {
+        /// The state directory.
+        dir: PathBuf,
+        /// The first failure.
+        reason: String,
+    },
     /// The change could not be made durable.
     #[error("cannot make edra's state durable in {}; check the disk (space, errors)", dir.display())]
     Sync {
@@ -111,18 +136,36 @@ pub enum StateError {
 /// The store. Cheap to clone; all clones share one database.
 #[derive(Clone)]
 pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     dir: PathBuf,
+    /// The open database; `None` only while [`Store::reopen`] swaps it.
+    db: RwLock<Option<Db>>,
+    /// `Some(why)` from the first failed durability step until a successful re-open.
+    health: watch::Sender<Option<String>>,
+    /// Syncs that still succeed before every later one fails, as on a disk that fills
+    /// up; `u64::MAX` when off (tests only).
+    #[cfg(test)]
+    syncs_left: std::sync::atomic::AtomicU64,
+}
+
+/// The handles of one open database. Dropping the last of them closes it.
+struct Db {
     db: sled::Db,
     claims: sled::Tree,
     devices: sled::Tree,
     meta: sled::Tree,
     /// sled's log file (`db`), kept open for fsync.
-    log: Arc<File>,
+    log: File,
+    /// This store's identity (see [`Store::id`]).
+    id: String,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("Store").field("dir", &self.inner.dir).finish_non_exhaustive()
     }
 }
 
@@ -142,27 +185,57 @@ fn open_hint(e: &sled::Error) -> &'static str {
     }
 }
 
-impl Store {
-    /// Opens (creating when absent, mode 0700) the store in `dir`.
-    pub fn open(dir: &Path) -> Result<Store, StateError> {
-        let create_err = |source| StateError::CreateDir { dir: dir.to_path_buf(), source };
-        DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(create_err)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(create_err)?;
+fn sled_io(e: sled::Error) -> io::Error {
+    match e {
+        sled::Error::Io(io) => plain_io(io),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+/// A failed read or transaction, its I/O error made plain.
+fn db_err(op: &'static str) -> impl Fn(sled::Error) -> StateError {
+    move |source| StateError::Db {
+        op,
+        source: match source {
+            sled::Error::Io(io) => sled::Error::Io(plain_io(io)),
+            other => other,
+        },
+    }
+}
+
+/// sled re-wraps some OS errors with their `Debug` text (`Os { code: 28, kind: ... }`);
+/// those become the plain OS error again ("No space left on device (os error 28)").
+fn plain_io(e: io::Error) -> io::Error {
+    if e.raw_os_error().is_some() {
+        return e;
+    }
+    let text = e.to_string();
+    let code = text
+        .strip_prefix("Os { code: ")
+        .map(|rest| rest.bytes().take_while(u8::is_ascii_digit).map(char::from).collect::<String>())
+        .and_then(|digits| digits.parse::<i32>().ok());
+    match code {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => e,
+    }
+}
+
+/// A new random store identity: 128 bits as 32 hex digits.
+fn new_id() -> String {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+}
+
+impl Db {
+    /// Opens the database in `dir` (which exists), checking its schema and giving it an
+    /// identity when it has none; nothing is made durable yet.
+    fn open(dir: &Path) -> Result<Db, StateError> {
         let open_err =
             |source: sled::Error| StateError::Open { dir: dir.to_path_buf(), hint: open_hint(&source), source };
         let db = sled::Config::new().path(dir).cache_capacity(CACHE_CAPACITY).open().map_err(open_err)?;
         let tree = |name: &str| db.open_tree(name).map_err(open_err);
-        let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
-        let log = Arc::new(File::open(dir.join("db")).map_err(sync_err)?);
-        let store = Store {
-            dir: dir.to_path_buf(),
-            claims: tree("claims")?,
-            devices: tree("devices")?,
-            meta: tree("meta")?,
-            db,
-            log,
-        };
-        match store.meta.get(META_SCHEMA).map_err(open_err)? {
+        let log = File::open(dir.join("db")).map_err(|source| StateError::Sync { dir: dir.to_path_buf(), source })?;
+        let (claims, devices, meta) = (tree("claims")?, tree("devices")?, tree("meta")?);
+        match meta.get(META_SCHEMA).map_err(open_err)? {
             Some(v) => {
                 let found = std::str::from_utf8(&v).ok().and_then(|s| s.parse::<u32>().ok()).unwrap_or(u32::MAX);
                 if found > SCHEMA_VERSION {
@@ -170,53 +243,219 @@ impl Store {
                 }
             }
             None => {
-                store.meta.insert(META_SCHEMA, SCHEMA_VERSION.to_string().as_bytes()).map_err(open_err)?;
+                meta.insert(META_SCHEMA, SCHEMA_VERSION.to_string().as_bytes()).map_err(open_err)?;
             }
         }
-        store.make_durable()?;
-        sync_path(&dir.join("conf")).map_err(sync_err)?;
-        sync_path(dir).map_err(sync_err)?;
-        Ok(store)
-    }
-
-    /// The state directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+        let id = match meta.get(META_ID).map_err(open_err)? {
+            Some(v) => String::from_utf8_lossy(&v).into_owned(),
+            None => {
+                let id = new_id();
+                meta.insert(META_ID, id.as_bytes()).map_err(open_err)?;
+                id
+            }
+        };
+        Ok(Db { db, claims, devices, meta, log, id })
     }
 
     /// Flushes sled, then fsyncs its log file: the only way a change survives a power cut.
     /// (`conf` is written once, when the database is created, and synced by [`Store::open`].)
-    fn make_durable(&self) -> Result<(), StateError> {
-        let sync_err = |source| StateError::Sync { dir: self.dir.clone(), source };
-        self.db.flush().map_err(|e| match e {
-            sled::Error::Io(io) => sync_err(io),
-            other => sync_err(io::Error::other(other.to_string())),
-        })?;
-        self.log.sync_all().map_err(sync_err)
+    fn make_durable(&self) -> io::Result<()> {
+        self.db.flush().map_err(sled_io)?;
+        self.log.sync_all()
+    }
+}
+
+/// What a failed store call did to the store.
+enum Failure {
+    /// The call failed; the store is as it was.
+    Plain(StateError),
+    /// The disk may now disagree with memory: poison the store.
+    Poison(StateError),
+}
+
+impl From<StateError> for Failure {
+    fn from(e: StateError) -> Self {
+        match e {
+            StateError::Db { source: sled::Error::Io(_), .. } | StateError::Sync { .. } => Failure::Poison(e),
+            other => Failure::Plain(other),
+        }
+    }
+}
+
+impl Store {
+    /// Opens (creating when absent, mode 0700) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Store, StateError> {
+        let create_err = |source| StateError::CreateDir { dir: dir.to_path_buf(), source };
+        DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(create_err)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(create_err)?;
+        let db = Db::open(dir)?;
+        let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
+        db.make_durable().map_err(sync_err)?;
+        sync_path(&dir.join("conf")).map_err(sync_err)?;
+        sync_path(dir).map_err(sync_err)?;
+        let (health, _) = watch::channel(None);
+        Ok(Store {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                db: RwLock::new(Some(db)),
+                health,
+                #[cfg(test)]
+                syncs_left: std::sync::atomic::AtomicU64::new(u64::MAX),
+            }),
+        })
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// `None` while the store is usable; `Some(why)` while it is poisoned (module doc).
+    pub fn health(&self) -> watch::Receiver<Option<String>> {
+        self.inner.health.subscribe()
+    }
+
+    /// The error every call returns while the store is poisoned.
+    fn poisoned(&self) -> Option<StateError> {
+        self.inner
+            .health
+            .borrow()
+            .as_ref()
+            .map(|reason| StateError::Poisoned { dir: self.inner.dir.clone(), reason: reason.clone() })
+    }
+
+    /// Runs `f` on the open database unless the store is poisoned; a failure that may
+    /// have left memory ahead of the disk poisons it.
+    fn with_db<T>(&self, f: impl FnOnce(&Db) -> Result<T, Failure>) -> Result<T, StateError> {
+        let guard = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = self.poisoned() {
+            return Err(e);
+        }
+        let Some(db) = guard.as_ref() else {
+            return Err(StateError::Poisoned {
+                dir: self.inner.dir.clone(),
+                reason: "the state is being re-opened".into(),
+            });
+        };
+        f(db).map_err(|failure| match failure {
+            Failure::Plain(e) => e,
+            Failure::Poison(e) => {
+                let reason = crate::app::error_chain(&e);
+                let first = self.inner.health.send_if_modified(|h| {
+                    if h.is_none() {
+                        *h = Some(reason.clone());
+                        true
+                    } else {
+                        false
+                    }
+                });
+                if first {
+                    tracing::error!(
+                        dir = %self.inner.dir.display(),
+                        error = %reason,
+                        "edra's state could not be made durable; no claim is prepared or released until it can: \
+                         free space or fix the disk under the state directory, edra then re-opens the state by itself"
+                    );
+                }
+                e
+            }
+        })
+    }
+
+    /// Makes the last change durable (see [`Db::make_durable`]).
+    fn durable(&self, db: &Db) -> Result<(), Failure> {
+        #[cfg(test)]
+        {
+            use std::sync::atomic::Ordering::SeqCst;
+            let left = self.inner.syncs_left.fetch_update(SeqCst, SeqCst, |n| match n {
+                u64::MAX | 0 => None,
+                n => Some(n - 1),
+            });
+            if left == Err(0) {
+                return Err(Failure::Poison(StateError::Sync {
+                    dir: self.inner.dir.clone(),
+                    source: io::Error::from(io::ErrorKind::StorageFull),
+                }));
+            }
+        }
+        db.make_durable().map_err(|source| Failure::Poison(StateError::Sync { dir: self.inner.dir.clone(), source }))
+    }
+
+    /// After `ok` more successful durability steps, makes every later one fail as on a
+    /// full disk (tests only); `None` lets them succeed again.
+    #[cfg(test)]
+    pub(crate) fn fail_syncs_after(&self, ok: Option<u64>) {
+        self.inner.syncs_left.store(ok.unwrap_or(u64::MAX), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Writes raw bytes into tree `claims` or `meta`, durably (tests only: records and
+    /// versions no edra writes).
+    #[cfg(test)]
+    pub(crate) fn raw_insert(&self, tree: &str, key: &[u8], value: &[u8]) {
+        self.with_db(|db| {
+            let t = if tree == "meta" { &db.meta } else { &db.claims };
+            t.insert(key, value).map_err(db_err("insert (test)"))?;
+            self.durable(db)
+        })
+        .expect("raw insert");
+    }
+
+    /// Closes the database and opens it again from disk; lifts the poison once a durable
+    /// write has succeeded. Run recovery afterwards: records may be older than memory was.
+    /// Calls made meanwhile fail as poisoned.
+    pub fn reopen(&self) -> Result<(), StateError> {
+        let mut guard = self.inner.db.write().unwrap_or_else(PoisonError::into_inner);
+        // The old handles go first: sled holds a lock on its files while open.
+        drop(guard.take());
+        let dir = &self.inner.dir;
+        let db = Db::open(dir)?;
+        let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
+        db.meta.insert(META_REOPENED, now_bytes().as_slice()).map_err(|e| sync_err(sled_io(e)))?;
+        self.durable(&db).map_err(|(Failure::Plain(e) | Failure::Poison(e))| e)?;
+        *guard = Some(db);
+        let was = self.inner.health.send_replace(None);
+        if let Some(reason) = was {
+            tracing::info!(dir = %dir.display(), was = %reason, "edra's state re-opened from disk; it is durable again");
+        }
+        Ok(())
+    }
+
+    /// This store's identity: random, made when the database was created and kept with
+    /// it, so files edra writes can be proven to belong to this state and no other.
+    pub fn id(&self) -> Result<String, StateError> {
+        self.with_db(|db| Ok(db.id.clone()))
     }
 
     /// The record of claim `uid`, if any.
     pub fn claim(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
-        let v = self.claims.get(uid.as_bytes()).map_err(|source| StateError::Db { op: "read a claim", source })?;
-        v.map(|b| record::decode_claim(&b).map_err(|source| StateError::Record { uid: uid.to_string(), source }))
-            .transpose()
+        self.with_db(|db| {
+            let v = db.claims.get(uid.as_bytes()).map_err(db_err("read a claim"))?;
+            Ok(v.map(|b| {
+                record::decode_claim(&b).map_err(|source| StateError::Record { uid: uid.to_string(), source })
+            })
+            .transpose()?)
+        })
     }
 
     /// Every claim record, in UID order.
     pub fn claims(&self) -> Result<Vec<ClaimRecord>, StateError> {
-        let mut out = Vec::new();
-        for item in self.claims.iter() {
-            let (k, v) = item.map_err(|source| StateError::Db { op: "list claims", source })?;
-            let uid = String::from_utf8_lossy(&k).into_owned();
-            out.push(record::decode_claim(&v).map_err(|source| StateError::Record { uid, source })?);
-        }
-        Ok(out)
+        self.with_db(|db| {
+            let mut out = Vec::new();
+            for item in db.claims.iter() {
+                let (k, v) = item.map_err(db_err("list claims"))?;
+                let uid = String::from_utf8_lossy(&k).into_owned();
+                out.push(record::decode_claim(&v).map_err(|source| StateError::Record { uid, source })?);
+            }
+            Ok(out)
+        })
     }
 
     /// The UID of the claim holding `device`, if any.
     pub fn holder(&self, device: &str) -> Result<Option<String>, StateError> {
-        let v = self.devices.get(device.as_bytes()).map_err(|source| StateError::Db { op: "read a device", source })?;
-        Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        self.with_db(|db| {
+            let v = db.devices.get(device.as_bytes()).map_err(db_err("read a device"))?;
+            Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        })
     }
 
     /// Stores `record` (any phase) and takes its exclusive devices, durably. Fails with
@@ -225,89 +464,101 @@ impl Store {
     pub fn put_claim(&self, record: &ClaimRecord) -> Result<(), StateError> {
         let uid = record.uid.as_bytes();
         let bytes = record::encode_claim(record);
-        let result = (&self.claims, &self.devices).transaction(|(claims, devices)| {
-            if let Some(old) = claims.get(uid)?
-                && let Ok(old) = record::decode_claim(&old)
-            {
-                for d in old.held_devices() {
-                    if devices.get(d.as_bytes())?.as_deref() == Some(uid) {
-                        devices.remove(d.as_bytes())?;
+        self.with_db(|db| {
+            let result = (&db.claims, &db.devices).transaction(|(claims, devices)| {
+                if let Some(old) = claims.get(uid)?
+                    && let Ok(old) = record::decode_claim(&old)
+                {
+                    for d in old.held_devices() {
+                        if devices.get(d.as_bytes())?.as_deref() == Some(uid) {
+                            devices.remove(d.as_bytes())?;
+                        }
                     }
                 }
-            }
-            for d in record.held_devices() {
-                match devices.get(d.as_bytes())? {
-                    Some(holder) if holder.as_ref() != uid => {
-                        let holder_name = claims
-                            .get(&holder)?
-                            .and_then(|b| record::decode_claim(&b).ok())
-                            .map(|r| format!("{}/{}", r.namespace, r.name));
-                        return Err(ConflictableTransactionError::Abort(StateError::DeviceHeld {
-                            device: d.to_string(),
-                            holder: String::from_utf8_lossy(&holder).into_owned(),
-                            holder_name,
-                        }));
-                    }
-                    _ => {
-                        devices.insert(d.as_bytes(), uid)?;
+                for d in record.held_devices() {
+                    match devices.get(d.as_bytes())? {
+                        Some(holder) if holder.as_ref() != uid => {
+                            let holder_name = claims
+                                .get(&holder)?
+                                .and_then(|b| record::decode_claim(&b).ok())
+                                .map(|r| format!("{}/{}", r.namespace, r.name));
+                            return Err(ConflictableTransactionError::Abort(StateError::DeviceHeld {
+                                device: d.to_string(),
+                                holder: String::from_utf8_lossy(&holder).into_owned(),
+                                holder_name,
+                            }));
+                        }
+                        _ => {
+                            devices.insert(d.as_bytes(), uid)?;
+                        }
                     }
                 }
-            }
-            claims.insert(uid, bytes.as_slice())?;
-            Ok(())
-        });
-        tx_result(result, "record a claim")?;
-        self.make_durable()
+                claims.insert(uid, bytes.as_slice())?;
+                Ok(())
+            });
+            tx_result(result, "record a claim")?;
+            self.durable(db)
+        })
     }
 
     /// Deletes claim `uid` and releases its devices, durably; returns the removed record.
     pub fn remove_claim(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
         let key = uid.as_bytes();
-        let result = (&self.claims, &self.devices).transaction(|(claims, devices)| {
-            let Some(old) = claims.remove(key)? else { return Ok(None) };
-            let old = record::decode_claim(&old).map_err(|source| {
-                ConflictableTransactionError::Abort(StateError::Record { uid: uid.to_string(), source })
-            })?;
-            for d in old.held_devices() {
-                if devices.get(d.as_bytes())?.as_deref() == Some(key) {
-                    devices.remove(d.as_bytes())?;
+        self.with_db(|db| {
+            let result = (&db.claims, &db.devices).transaction(|(claims, devices)| {
+                let Some(old) = claims.remove(key)? else { return Ok(None) };
+                let old = record::decode_claim(&old).map_err(|source| {
+                    ConflictableTransactionError::Abort(StateError::Record { uid: uid.to_string(), source })
+                })?;
+                for d in old.held_devices() {
+                    if devices.get(d.as_bytes())?.as_deref() == Some(key) {
+                        devices.remove(d.as_bytes())?;
+                    }
                 }
+                Ok(Some(old))
+            });
+            let removed = tx_result(result, "remove a claim")?;
+            if removed.is_some() {
+                self.durable(db)?;
             }
-            Ok(Some(old))
-        });
-        let removed = tx_result(result, "remove a claim")?;
-        if removed.is_some() {
-            self.make_durable()?;
-        }
-        Ok(removed)
+            Ok(removed)
+        })
     }
 
     /// The schema version stored in the database (written when it was created).
     pub fn schema_version(&self) -> Result<u32, StateError> {
-        let v =
-            self.meta.get(META_SCHEMA).map_err(|source| StateError::Db { op: "read the schema version", source })?;
-        Ok(v.and_then(|b| std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok())).unwrap_or(SCHEMA_VERSION))
+        self.with_db(|db| {
+            let v = db.meta.get(META_SCHEMA).map_err(db_err("read the schema version"))?;
+            Ok(v.and_then(|b| std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok())).unwrap_or(SCHEMA_VERSION))
+        })
     }
 
     /// The boot ID stored by the last start, if any.
     pub fn boot_id(&self) -> Result<Option<String>, StateError> {
-        let v = self.meta.get(META_BOOT_ID).map_err(|source| StateError::Db { op: "read the boot ID", source })?;
-        Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        self.with_db(|db| {
+            let v = db.meta.get(META_BOOT_ID).map_err(db_err("read the boot ID"))?;
+            Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        })
     }
 
     /// Stores the current boot ID, durably.
     pub fn set_boot_id(&self, boot_id: &str) -> Result<(), StateError> {
-        self.meta
-            .insert(META_BOOT_ID, boot_id.as_bytes())
-            .map_err(|source| StateError::Db { op: "store the boot ID", source })?;
-        self.make_durable()
+        self.with_db(|db| {
+            db.meta.insert(META_BOOT_ID, boot_id.as_bytes()).map_err(db_err("store the boot ID"))?;
+            self.durable(db)
+        })
     }
+}
+
+fn now_bytes() -> Vec<u8> {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    secs.to_string().into_bytes()
 }
 
 fn tx_result<T>(r: Result<T, TransactionError<StateError>>, op: &'static str) -> Result<T, StateError> {
     r.map_err(|e| match e {
         TransactionError::Abort(e) => e,
-        TransactionError::Storage(source) => StateError::Db { op, source },
+        TransactionError::Storage(source) => db_err(op)(source),
     })
 }
 

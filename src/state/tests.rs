@@ -103,8 +103,7 @@ fn a_newer_store_schema_is_refused_with_what_to_do() {
     let tmp = tempfile::tempdir().unwrap();
     {
         let s = Store::open(tmp.path()).unwrap();
-        s.meta.insert(META_SCHEMA, b"7").unwrap();
-        s.make_durable().unwrap();
+        s.raw_insert("meta", META_SCHEMA, b"7");
     }
     let err = Store::open(tmp.path()).unwrap_err();
     let msg = err.to_string();
@@ -118,7 +117,7 @@ fn a_newer_record_is_refused_and_current_ones_decode() {
     let s = Store::open(tmp.path()).unwrap();
     let mut v = serde_json::to_value(record("u9", vec![])).unwrap();
     v["schema"] = 2.into();
-    s.claims.insert("u9", serde_json::to_vec(&v).unwrap()).unwrap();
+    s.raw_insert("claims", b"u9", &serde_json::to_vec(&v).unwrap());
     let err = s.claim("u9").unwrap_err();
     assert!(matches!(&err, StateError::Record { source: RecordError::Newer { found: 2 }, .. }), "{err:?}");
     assert!(s.claims().is_err());
@@ -183,4 +182,69 @@ fn durable_commit_cost() {
         times[times.len() - 1]
     );
     assert_eq!(s.claims().unwrap().len(), n as usize);
+}
+
+#[test]
+fn a_failed_sync_poisons_the_store_until_it_is_reopened_from_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    let id = s.id().unwrap();
+    assert_eq!(id.len(), 32);
+    s.put_claim(&record("u1", vec![device("gpu-0", false)])).unwrap();
+    let health = s.health();
+    assert!(health.borrow().is_none());
+
+    s.fail_syncs_after(Some(0));
+    let err = s.put_claim(&record("u2", vec![device("gpu-1", false)])).unwrap_err();
+    assert!(matches!(err, StateError::Sync { .. }), "{err}");
+    let reason = health.borrow().clone().expect("poisoned");
+    assert!(reason.contains("cannot make edra's state durable") && reason.contains("no storage space"), "{reason}");
+    // Nothing is answered from memory any more, not even what was durable before.
+    for e in [s.claim("u2").unwrap_err(), s.claim("u1").unwrap_err(), s.holder("gpu-0").unwrap_err()] {
+        assert!(matches!(e, StateError::Poisoned { .. }), "{e}");
+        assert!(e.to_string().contains("free space or fix the disk"), "{e}");
+    }
+    assert!(matches!(s.remove_claim("u1").unwrap_err(), StateError::Poisoned { .. }));
+    // While the disk still refuses, a re-open fails and the store stays poisoned.
+    assert!(s.reopen().is_err());
+    assert!(health.borrow().is_some());
+    assert!(s.claim("u1").is_err());
+
+    s.fail_syncs_after(None);
+    s.reopen().unwrap();
+    assert!(health.borrow().is_none());
+    // What was durable is there; the same identity, because it is kept on disk.
+    assert_eq!(s.holder("gpu-0").unwrap().as_deref(), Some("u1"));
+    assert_eq!(s.id().unwrap(), id);
+    // The change whose sync failed may or may not have reached the disk (sled writes on
+    // close); whichever, records and holdings agree (recovery rolls back its phase).
+    match s.claim("u2").unwrap() {
+        Some(r) => {
+            assert_eq!(r.phase, Phase::PrepareStarted);
+            assert_eq!(s.holder("gpu-1").unwrap().as_deref(), Some("u2"));
+        }
+        None => assert!(s.holder("gpu-1").unwrap().is_none()),
+    }
+    s.put_claim(&record("u3", vec![device("gpu-2", false)])).unwrap();
+    drop(s);
+    let again = Store::open(tmp.path()).unwrap();
+    assert_eq!(again.id().unwrap(), id);
+    assert_eq!(again.holder("gpu-2").unwrap().as_deref(), Some("u3"));
+}
+
+#[test]
+fn os_errors_that_sled_wraps_in_debug_text_read_plainly() {
+    let wrapped = io::Error::new(
+        io::ErrorKind::StorageFull,
+        "Os { code: 28, kind: StorageFull, message: \"No space left on device\" }",
+    );
+    assert_eq!(plain_io(wrapped).to_string(), "No space left on device (os error 28)");
+    let other = io::Error::other("something else");
+    assert_eq!(plain_io(other).to_string(), "something else");
+    let e = db_err("read a claim")(sled::Error::Io(io::Error::other("Os { code: 5, kind: Uncategorized }")));
+    assert!(
+        crate::app::error_chain(&e).ends_with("Input/output error (os error 5)"),
+        "{}",
+        crate::app::error_chain(&e)
+    );
 }

@@ -63,18 +63,34 @@ pub enum HttpError {
     },
 }
 
-/// What `/readyz` checks: registered with the kubelet and slices in sync.
+/// What `/readyz` checks (registered with the kubelet, slices in sync, the state store
+/// usable) and `/healthz` (the state store usable).
 #[derive(Debug, Clone)]
 pub struct Readiness {
     /// The kubelet's verdict on the registration.
     pub registration: watch::Receiver<RegistrationState>,
     /// The publisher's status.
     pub publish: watch::Receiver<PublishStatus>,
+    /// `Some(why)` while the state store is poisoned ([`crate::state::Store::health`]).
+    pub state: watch::Receiver<Option<String>>,
 }
 
 impl Readiness {
+    /// `Ok` while edra can do its work, else why not: a poisoned state store answers no
+    /// kubelet call until it is re-opened.
+    pub fn live(&self) -> Result<(), String> {
+        match &*self.state.borrow() {
+            None => Ok(()),
+            Some(reason) => Err(format!(
+                "state store unusable since a change could not be made durable: {reason}; free space or fix the disk \
+                 under the state directory (edra re-opens it by itself)"
+            )),
+        }
+    }
+
     /// `Ok` when ready, else why not, in a few words.
     pub fn check(&self) -> Result<(), String> {
+        self.live()?;
         match &*self.registration.borrow() {
             RegistrationState::Registered => {}
             RegistrationState::Unknown => return Err("not registered with the kubelet".into()),
@@ -122,7 +138,10 @@ impl Endpoints {
                 }
                 Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the metrics failed: {e}\n")),
             },
-            "/healthz" => text(StatusCode::OK, "ok\n".into()),
+            "/healthz" => match self.readiness.live() {
+                Ok(()) => text(StatusCode::OK, "ok\n".into()),
+                Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+            },
             _ => match self.readiness.check() {
                 Ok(()) => text(StatusCode::OK, "ok\n".into()),
                 Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),

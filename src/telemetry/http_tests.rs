@@ -14,6 +14,7 @@ struct Running {
     addr: SocketAddr,
     registration: watch::Sender<RegistrationState>,
     publish: watch::Sender<PublishStatus>,
+    state: watch::Sender<Option<String>>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -32,12 +33,13 @@ fn start(calls: &CallMetrics) -> Running {
     let (stop, stop_rx) = watch::channel(false);
     let sources =
         StateSources { registration: registration_rx.clone(), publish: publish_rx.clone(), api_stats: Arc::new(stats) };
-    let readiness = Readiness { registration: registration_rx, publish: publish_rx };
+    let (state, state_rx) = watch::channel(None);
+    let readiness = Readiness { registration: registration_rx, publish: publish_rx, state: state_rx };
     let listener = MetricsListener::bind("127.0.0.1:0".parse().unwrap()).expect("bind loopback");
     let addr = listener.local_addr();
     assert_ne!(addr.port(), 0);
     let task = listener.serve(Endpoints { metrics: Metrics::new(calls, sources), readiness }, stop_rx);
-    Running { addr, registration, publish, stop, task }
+    Running { addr, registration, publish, state, stop, task }
 }
 
 struct Answer {
@@ -172,6 +174,32 @@ async fn readyz_needs_registration_and_slices_in_sync() {
     let scrape = samples(&get(env.addr, "/metrics").await.body);
     assert_eq!(scrape.get("edra_kubelet_registered"), Some(&1.0));
     assert_eq!(scrape.get("edra_slices_in_sync"), Some(&1.0));
+    let _ = env.stop.send(true);
+}
+
+#[tokio::test]
+async fn a_poisoned_state_store_fails_healthz_and_readyz_with_the_reason() {
+    let env = start(&CallMetrics::new());
+    env.registration.send_replace(RegistrationState::Registered);
+    env.publish.send_replace(PublishStatus { in_sync: true, devices: 2, writes: 1, last_error: None });
+    assert_eq!(get(env.addr, "/healthz").await.status, StatusCode::OK);
+    assert_eq!(get(env.addr, "/readyz").await.status, StatusCode::OK);
+
+    env.state.send_replace(Some("No space left on device (os error 28)".into()));
+    for path in ["/healthz", "/readyz"] {
+        let answer = get(env.addr, path).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert!(
+            answer.body.starts_with("state store unusable since a change could not be made durable: No space left")
+                && answer.body.contains("free space or fix the disk"),
+            "{path}: {}",
+            answer.body
+        );
+    }
+
+    env.state.send_replace(None);
+    assert_eq!(get(env.addr, "/healthz").await.status, StatusCode::OK);
+    assert_eq!(get(env.addr, "/readyz").await.status, StatusCode::OK);
     let _ = env.stop.send(true);
 }
 

@@ -4,7 +4,9 @@
 //! at every failpoint of prepare and unprepare. The harness is `support::agent`.
 
 mod crash;
+mod diskfull;
 mod offline;
 mod pool;
 mod preparing;
 mod publishing;
+mod single;

@@ -1,0 +1,140 @@
+//! One agent per node: lock files that a second `edra run` cannot take.
+//!
+//! Two things on a node must never have two owners: the kubelet plugin directory of the
+//! driver (its registration and DRA sockets) and the driver's CDI specs in the dynamic CDI
+//! directory (recovery removes the specs no record owns). `edra run` takes an exclusive
+//! `flock` on a lock file in each before it touches either, and writes its pid there, so a
+//! second instance — even one with another state directory — refuses to start and names
+//! the pid of the first. The kernel drops the locks when the process ends, however it
+//! ends, so a crashed agent never blocks its successor.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Why the lock could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    /// Another process holds it.
+    #[error(
+        "another edra{} is already running for this node: it holds {}; stop it first (systemctl stop edra), \
+         or give this one its own kubelet plugin and CDI directories",
+        .pid.map(|p| format!(" (pid {p})")).unwrap_or_default(),
+        path.display()
+    )]
+    Held {
+        /// The lock file.
+        path: PathBuf,
+        /// The holder's pid, when it wrote one.
+        pid: Option<u32>,
+    },
+    /// The lock file could not be created or locked.
+    #[error("cannot create or lock {}; check that its directory exists and is writable by edra", path.display())]
+    Io {
+        /// The lock file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Held locks; dropping the value releases them.
+#[derive(Debug)]
+pub struct InstanceLock {
+    _files: Vec<File>,
+}
+
+impl InstanceLock {
+    /// Takes every lock in `paths` (creating the files, mode 0600, and missing parent
+    /// directories, mode 0750), or none.
+    pub fn acquire(paths: &[PathBuf]) -> Result<InstanceLock, InstanceError> {
+        let files = paths.iter().map(|p| lock(p)).collect::<Result<Vec<_>, _>>()?;
+        Ok(InstanceLock { _files: files })
+    }
+}
+
+fn lock(path: &Path) -> Result<File, InstanceError> {
+    let io_err = |source| InstanceError::Io { path: path.to_path_buf(), source };
+    if let Some(dir) = path.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(io_err)?;
+    }
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err)?;
+    match try_flock(&file) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            return Err(InstanceError::Held { path: path.to_path_buf(), pid: read_pid(&mut file) });
+        }
+        Err(source) => return Err(io_err(source)),
+    }
+    file.set_len(0).map_err(io_err)?;
+    file.rewind().map_err(io_err)?;
+    writeln!(file, "{}", std::process::id()).map_err(io_err)?;
+    Ok(file)
+}
+
+/// `flock(LOCK_EX | LOCK_NB)`: an exclusive lock on the open file, or `WouldBlock`.
+fn try_flock(file: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock only reads the descriptor, which `file` keeps open during the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// The pid written in a lock file, if it holds one (a few bytes at most are read).
+fn read_pid(file: &mut File) -> Option<u32> {
+    let mut buf = [0u8; 16];
+    let n = file.read(&mut buf).ok()?;
+    std::str::from_utf8(buf.get(..n)?).ok()?.trim().parse().ok()
+}
+
+/// The lock files of `edra run`: one in the driver's kubelet plugin directory, one beside
+/// the driver's CDI specs (hidden, and not `.json`/`.yaml`, so CDI consumers skip it).
+pub fn lock_paths(plugin_dir: &Path, cdi_dir: &Path, cdi_vendor: &str) -> Vec<PathBuf> {
+    vec![plugin_dir.join("edra.lock"), cdi_dir.join(format!(".{cdi_vendor}.lock"))]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_is_refused_with_the_first_ones_pid_and_may_take_it_after() {
+        let tmp = tempfile::tempdir().unwrap();
+        let paths = lock_paths(&tmp.path().join("plugins/gpu.edra.dev"), &tmp.path().join("cdi"), "k8s.gpu.edra.dev");
+        let first = InstanceLock::acquire(&paths).unwrap();
+        let text = std::fs::read_to_string(&paths[0]).unwrap();
+        assert_eq!(text.trim(), std::process::id().to_string());
+        // flock is per open file description: a second open in this process conflicts
+        // exactly as another process would.
+        let err = InstanceLock::acquire(&paths).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(&err, InstanceError::Held { pid: Some(p), .. } if *p == std::process::id()), "{msg}");
+        assert!(msg.contains(&format!("(pid {})", std::process::id())) && msg.contains("edra.lock"), "{msg}");
+        // Only the CDI lock held (another kubelet directory, the same CDI directory).
+        drop(first);
+        let cdi_only = InstanceLock::acquire(&paths[1..]).unwrap();
+        let err = InstanceLock::acquire(&paths).unwrap_err();
+        assert!(err.to_string().contains(".k8s.gpu.edra.dev.lock"), "{err}");
+        drop(cdi_only);
+        InstanceLock::acquire(&paths).unwrap();
+    }
+
+    #[test]
+    fn a_stale_file_from_a_dead_process_does_not_block() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("edra.lock");
+        std::fs::write(&path, "4194304\n").unwrap();
+        let _held = InstanceLock::acquire(std::slice::from_ref(&path)).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), std::process::id().to_string());
+    }
+}
