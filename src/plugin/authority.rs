@@ -13,7 +13,9 @@
 //! the life of the connection. Padding and priority fields of HEADERS frames are dropped;
 //! blocks larger than one frame go out as HEADERS plus CONTINUATION frames of at most
 //! 16 KiB (the size every HTTP/2 peer must accept). Other frames and the server-to-client
-//! direction pass through untouched.
+//! direction pass through untouched. A block is at most 1 MiB compressed and
+//! 1 MiB decoded (references to the dynamic table make a small block decode to a large
+//! list); a larger one closes the connection.
 //!
 //! Table sizes: the client's encoder is bounded by the server's
 //! `SETTINGS_HEADER_TABLE_SIZE`; tonic never changes it from the protocol default of
