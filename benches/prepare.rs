@@ -78,7 +78,7 @@ async fn ready_site(
 ) -> (Site, InProcessAgent, DraPluginClient<Channel>) {
     let settings = SiteSettings { gpus, rate_limit, layout, ..SiteSettings::default() };
     let site = Site::new(Options::default(), settings).await;
-    let agent = InProcessAgent::start(site.config.clone());
+    let agent = InProcessAgent::start(site.config.clone()).await;
     site.wait_published(gpus as usize, Duration::from_secs(30)).await;
     common::register(&site.registration_socket()).await;
     let client = support::kubelet::dra_v1(&site.dra_socket()).await;

@@ -30,7 +30,7 @@ async fn main() {
 
     // (a) First publish: from agent start to all devices published.
     let start = Instant::now();
-    let agent = InProcessAgent::start(site.config.clone());
+    let agent = InProcessAgent::start(site.config.clone()).await;
     site.wait_published(GPUS, Duration::from_secs(30)).await;
     let took = start.elapsed();
     // Let the post-write re-plan and the watch echo finish before reading the log.

@@ -15,7 +15,7 @@ use std::time::Instant;
 #[path = "../tests/it/support/procfs.rs"]
 mod procfs;
 
-use edra::prepare::config::GpuConfig;
+use edra::device_config::GpuConfig;
 use edra::state::{ClaimRecord, DeviceRecord, Phase, SCHEMA_VERSION, Store};
 
 const DEFAULT_CYCLES: usize = 100_000;

@@ -12,26 +12,26 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use tokio::sync::{OnceCell, watch};
+use tokio::sync::{oneshot, watch};
 use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::inventory::{self, DeviceBackend, Inventory};
-use crate::kube::{self, Client, ResourceApi};
+use crate::kube::backoff::Backoff;
+use crate::kube::{self, Client, Cluster};
 use crate::plugin::{PluginOptions, PluginServer, RegistrationState};
-use crate::prepare::{ClaimFetchError, ClaimSource, PrepareSettings, Preparer};
+use crate::prepare::{PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
 use crate::telemetry::http::{Endpoints, MetricsListener, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
+use crate::util::{error_chain, stopped, until_stopped};
 
-/// How long a claim fetch may take in total, so a prepare answers the kubelet well within
-/// its 45 s timeout even when the API server does not answer.
-const CLAIM_FETCH_DEADLINE: Duration = Duration::from_secs(20);
+/// Retry delays while the API server cannot be reached at start (see [`Backoff`]).
+const CONNECT_RETRY_BASE: Duration = Duration::from_secs(1);
+const CONNECT_RETRY_MAX: Duration = Duration::from_secs(45);
 
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]
@@ -42,21 +42,6 @@ pub enum AppError {
     /// Anything else.
     #[error(transparent)]
     Other(#[from] anyhow::Error),
-}
-
-/// The error and its causes on one line.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cur = s.source();
-    }
-    out
 }
 
 /// Runs the agent on a new Tokio runtime until SIGTERM/SIGINT.
@@ -108,12 +93,39 @@ fn is_credential_problem(e: &kube::Error) -> bool {
     )
 }
 
+/// What a started agent serves, sent once both kubelet sockets are in place: from then on
+/// the kubelet (or a test) can register and call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Serving {
+    /// The DRAPlugin socket.
+    pub dra_socket: PathBuf,
+    /// The registration socket the kubelet watches for.
+    pub registration_socket: PathBuf,
+}
+
+impl Serving {
+    fn of(plugin: &PluginServer) -> Self {
+        Serving {
+            dra_socket: plugin.dra_socket().to_path_buf(),
+            registration_socket: plugin.registration_socket().to_path_buf(),
+        }
+    }
+}
+
 /// Runs the agent until `shutdown` turns true.
-pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<(), AppError> {
-    let client = Client::from_config(&config).map_err(|e| {
-        if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
-    })?;
-    info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::VERSION);
+pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<(), AppError> {
+    run_signalling(config, shutdown, None).await
+}
+
+/// [`run`], sending `ready` what it serves as soon as the kubelet sockets are in place; if
+/// start-up fails first, `ready` is dropped and the error is returned.
+pub async fn run_signalling(
+    config: Config,
+    mut shutdown: watch::Receiver<bool>,
+    ready: Option<oneshot::Sender<Serving>>,
+) -> Result<(), AppError> {
+    let client = client_from_config(&config)?;
+    info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::util::VERSION);
     // One agent per node: before anything touches the sockets, the CDI specs, the state or
     // the metrics port (so a second instance is told what really stops it).
     let lock_paths = crate::instance::lock_paths(
@@ -134,31 +146,9 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     info!(backend = backend.name(), devices = first.devices.len(), "devices discovered");
     let (inventory_tx, inventory_rx) = watch::channel(Arc::new(first));
 
-    let state_dir = config.paths.state_dir.clone();
-    let store = tokio::task::spawn_blocking(move || Store::open(&state_dir))
-        .await
-        .map_err(|e| anyhow::anyhow!("opening the state database failed: {e}"))?
-        .map_err(anyhow::Error::new)?;
     let cluster = Arc::new(Cluster::new(client.clone()));
-    let hook_binary = match &config.paths.cdi_hook_binary {
-        Some(p) => p.clone(),
-        None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra")),
-    };
-    let preparer =
-        Preparer::new(store, inventory_rx.clone(), cluster.clone(), PrepareSettings::from_config(&config, hook_binary));
+    let preparer = open_and_recover(&config, inventory_rx.clone(), cluster.clone()).await?;
     let store_health = preparer.store().health();
-    let recovering = preparer.clone();
-    let report = tokio::task::spawn_blocking(move || recovering.recover())
-        .await
-        .map_err(|e| anyhow::anyhow!("recovery failed: {e}"))?
-        .map_err(anyhow::Error::new)?;
-    info!(
-        rebooted = report.rebooted,
-        rolled_back = report.rolled_back.len(),
-        rewritten = report.rewritten.len(),
-        orphans_removed = report.orphans_removed.len(),
-        "state recovered"
-    );
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let calls = CallMetrics::new();
@@ -166,6 +156,9 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
+    if let Some(ready) = ready {
+        let _ = ready.send(Serving::of(&plugin));
+    }
 
     let (status_tx, status_rx) = watch::channel(PublishStatus::default());
     let publishing = tokio::spawn(publish(
@@ -188,34 +181,13 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
             Readiness { registration: plugin.registration(), publish: status_rx.clone(), state: store_health };
         listener.serve(Endpoints { metrics: Metrics::new(&calls, sources), readiness }, shutdown.clone())
     });
-    let notifier = match Notifier::from_process_env() {
-        Ok(n) => n.map(Arc::new),
-        Err(e) => {
-            warn!(error = %e, "cannot talk to systemd's notify socket; readiness is not reported to systemd");
-            None
-        }
-    };
-    let watchdog = notifier.clone().map(|n| {
-        let mut stop = shutdown.clone();
-        tokio::spawn(async move {
-            n.run_watchdog(async move {
-                while !*stop.borrow() {
-                    if stop.changed().await.is_err() {
-                        break;
-                    }
-                }
-            })
-            .await
-        })
-    });
+    let notifier = systemd_notifier();
+    let watchdog = notifier.clone().map(|n| tokio::spawn(ping_watchdog(n, shutdown.clone())));
     let readiness =
         tokio::spawn(report_readiness(plugin.registration(), status_rx, notifier.clone(), shutdown.clone()));
 
-    while !*shutdown.borrow() {
-        if shutdown.changed().await.is_err() {
-            break;
-        }
-    }
+    // A dropped sender stops the agent too.
+    let _ = shutdown.wait_for(|stop| *stop).await;
     if let Some(n) = &notifier {
         let _ = n.stopping();
     }
@@ -225,6 +197,65 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> Result<
     }
     info!("stopped");
     Ok(())
+}
+
+/// The API client; credentials that cannot be used are a configuration error (exit 64).
+fn client_from_config(config: &Config) -> Result<Client, AppError> {
+    Client::from_config(config).map_err(|e| {
+        if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
+    })
+}
+
+/// Opens the state database and recovers it (rolls back unfinished prepares, rewrites
+/// missing specs, sweeps orphans) before anything is served.
+async fn open_and_recover(
+    config: &Config,
+    inventory: watch::Receiver<Arc<Inventory>>,
+    cluster: Arc<Cluster>,
+) -> Result<Preparer, AppError> {
+    let state_dir = config.paths.state_dir.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&state_dir))
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the state database failed: {e}"))?
+        .map_err(anyhow::Error::new)?;
+    let hook_binary = match &config.paths.cdi_hook_binary {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra")),
+    };
+    let preparer = Preparer::new(store, inventory, cluster, PrepareSettings::from_config(config, hook_binary));
+    let recovering = preparer.clone();
+    let report = tokio::task::spawn_blocking(move || recovering.recover())
+        .await
+        .map_err(|e| anyhow::anyhow!("recovery failed: {e}"))?
+        .map_err(anyhow::Error::new)?;
+    info!(
+        rebooted = report.rebooted,
+        rolled_back = report.rolled_back.len(),
+        rewritten = report.rewritten.len(),
+        orphans_removed = report.orphans_removed.len(),
+        "state recovered"
+    );
+    Ok(preparer)
+}
+
+/// systemd's notification socket, when edra runs under it with `Type=notify`.
+fn systemd_notifier() -> Option<Arc<Notifier>> {
+    match Notifier::from_process_env() {
+        Ok(n) => n.map(Arc::new),
+        Err(e) => {
+            warn!(error = %e, "cannot talk to systemd's notify socket; readiness is not reported to systemd");
+            None
+        }
+    }
+}
+
+/// Pings systemd's watchdog (when it asks for that) until shutdown.
+async fn ping_watchdog(notifier: Arc<Notifier>, mut shutdown: watch::Receiver<bool>) {
+    notifier
+        .run_watchdog(async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        })
+        .await
 }
 
 /// Re-opens the state store whenever it is poisoned (a change could not be made durable),
@@ -269,11 +300,11 @@ async fn rediscover(
     every: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut tick = tokio::time::interval_at(kube::backoff::deadline_in(every), every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = shutdown.changed() => if *shutdown.borrow() { return },
+            () = stopped(&mut shutdown) => return,
             _ = tick.tick() => {}
         }
         match discover(&backend).await {
@@ -302,17 +333,14 @@ async fn publish(
     status: watch::Sender<PublishStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut delay = Duration::from_millis(500);
+    let mut backoff = Backoff::new(CONNECT_RETRY_BASE, CONNECT_RETRY_MAX);
     let (api, uid) = loop {
         let attempt = async {
             let api = cluster.api().await?;
-            let node_obj = cluster.client.get_node(&node).await?;
+            let node_obj = cluster.client().get_node(&node).await?;
             Ok::<_, kube::Error>((api, node_obj.metadata.uid))
         };
-        let outcome = tokio::select! {
-            r = attempt => r,
-            _ = shutdown.changed() => if *shutdown.borrow() { return } else { continue },
-        };
+        let Some(outcome) = until_stopped(attempt, &mut shutdown).await else { return };
         match outcome {
             Ok(found) => break found,
             Err(e) => {
@@ -323,7 +351,7 @@ async fn publish(
                     error!(
                         error = %msg,
                         node = %node,
-                        identity = cluster.client.identity(),
+                        identity = cluster.client().identity(),
                         "the API server refused to let edra read Node {node}; with node credentials node_name must be \
                          the node they belong to (system:node:<name>), otherwise grant the RBAC in config/rbac.yaml"
                     );
@@ -331,18 +359,15 @@ async fn publish(
                     warn!(error = %msg, "cannot reach the API server yet; the kubelet is served meanwhile, retrying");
                 }
                 status.send_modify(|s| s.last_error = Some(msg));
-                let wait = delay + Duration::from_millis(fastrand::u64(0..=delay.as_millis() as u64 / 2));
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.changed() => if *shutdown.borrow() { return },
+                if until_stopped(tokio::time::sleep(backoff.next_delay()), &mut shutdown).await.is_none() {
+                    return;
                 }
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     };
     info!(api = api.version(), node = %node, "publishing ResourceSlices");
     let identity = NodeIdentity { name: node, uid };
-    Publisher::new(cluster.client.clone(), api, driver, identity, inventory, status).run(shutdown).await;
+    Publisher::new(cluster.client().clone(), api, driver, identity, inventory, status).run(shutdown).await;
 }
 
 /// Logs when the agent becomes ready (registered with the kubelet and slices published) and
@@ -394,53 +419,7 @@ async fn report_readiness(
         tokio::select! {
             r = registration.changed() => if r.is_err() { return },
             r = publish.changed() => if r.is_err() { return },
-            _ = shutdown.changed() => if *shutdown.borrow() { return },
+            () = stopped(&mut shutdown) => return,
         }
-    }
-}
-
-/// The API server as the rest of the agent uses it: the client plus the resource.k8s.io
-/// version, discovered on first use and then kept.
-pub struct Cluster {
-    client: Client,
-    api: OnceCell<ResourceApi>,
-}
-
-impl Cluster {
-    /// Wraps a client; nothing is contacted yet.
-    pub fn new(client: Client) -> Self {
-        Self { client, api: OnceCell::new() }
-    }
-
-    /// The resource.k8s.io version to use, discovered once.
-    pub async fn api(&self) -> Result<ResourceApi, kube::Error> {
-        self.api.get_or_try_init(|| self.client.discover_resource_api()).await.copied()
-    }
-}
-
-impl ClaimSource for Cluster {
-    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
-        let (ns, n) = (namespace.to_string(), name.to_string());
-        Box::pin(async move {
-            let api_error = |source: Box<dyn std::error::Error + Send + Sync>| ClaimFetchError::Api {
-                namespace: ns.clone(),
-                name: n.clone(),
-                source,
-            };
-            let fetch = async {
-                let api = self.api().await?;
-                self.client.get_claim(api, &ns, &n).await
-            };
-            match tokio::time::timeout(CLAIM_FETCH_DEADLINE, fetch).await {
-                Ok(Ok(claim)) => Ok(claim),
-                Ok(Err(e)) if e.is_not_found() => {
-                    Err(ClaimFetchError::NotFound { namespace: ns.clone(), name: n.clone() })
-                }
-                Ok(Err(e)) => Err(api_error(Box::new(e))),
-                Err(_) => Err(api_error(
-                    format!("no answer from the API server within {}s", CLAIM_FETCH_DEADLINE.as_secs()).into(),
-                )),
-            }
-        })
     }
 }

@@ -10,6 +10,7 @@
 //! - [`publish`]: desired ResourceSlices (pure) and the loop that keeps them published.
 //! - [`plugin`]: the kubelet's gRPC APIs on Unix sockets (registration, DRAPlugin).
 //! - [`prepare`]: claim preparation: opaque configs, CDI specs, driver files.
+//! - [`device_config`]: the opaque `GpuConfig` model, shared by prepare and state.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
 //! - [`doctor`]: `edra doctor`, node and cluster checks that say what to fix.
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
@@ -17,10 +18,12 @@
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
 //! - [`instance`]: the lock files that keep a second agent off the node.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
+//! - [`util`]: the version and error rendering every layer shares; imports nothing of edra.
 
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod device_config;
 pub mod doctor;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -34,6 +37,7 @@ pub mod prepare;
 pub mod publish;
 pub mod state;
 pub mod telemetry;
+pub mod util;
 
-/// edra's version, from Cargo.toml.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// edra's version (see [`util::VERSION`]).
+pub use util::VERSION;

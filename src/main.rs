@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         return match edra::hook::run(&hook.command, std::io::stdin().lock()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("edra hook {}: {}", hook.command.name(), edra::app::error_chain(&e));
+                eprintln!("edra hook {}: {}", hook.command.name(), edra::util::error_chain(&e));
                 ExitCode::from(e.exit_code())
             }
         };
@@ -49,7 +49,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(edra::app::AppError::Config(msg)) => config_failure(vec![msg]),
         Err(e) => {
-            eprintln!("edra: {}", edra::app::error_chain(&e));
+            eprintln!("edra: {}", edra::util::error_chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -69,7 +69,7 @@ fn inventory(config: &Config, output: Option<OutputArg>) -> ExitCode {
     match run(config, format, &mut stdout.lock()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("edra: {}", edra::app::error_chain(&e));
+            eprintln!("edra: {}", edra::util::error_chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -88,7 +88,7 @@ fn doctor(config: &Config, output: Option<DoctorOutputArg>) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("edra doctor: {}", edra::app::error_chain(&e));
+            eprintln!("edra doctor: {}", edra::util::error_chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use edra::config::{Config, LoadContext, Overrides};
+use edra::config::{Config, LoadContext, Overrides, Paths};
 use edra::plugin::proto::dra_v1 as v1;
 use edra::plugin::proto::registration::RegistrationStatus;
 use serde_json::Value;
@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, RequestRecord, TestApiServer};
 use crate::support::kubelet::{RawH2, percent_encoded};
+use crate::support::layout::{paths_toml, toml_path};
 
 /// The node every benchmark runs as.
 pub const NODE: &str = "n1";
@@ -94,6 +95,13 @@ impl Site {
         for sub in ["kubelet", "cdi", "state", "driver", "dev", "sys"] {
             std::fs::create_dir_all(d.join(sub)).expect("create a site directory");
         }
+        // The host's /proc, as on a node (boot ID, driver parameters).
+        let paths = Paths {
+            cdi_spec_dirs: vec![cdi_dir.clone()],
+            cdi_dynamic_dir: cdi_dir.clone(),
+            proc_root: "/proc".into(),
+            ..Paths::under(d)
+        };
         let toml = format!(
             r#"node_name = "{NODE}"
 backend = "mock"
@@ -102,22 +110,10 @@ backend = "mock"
 level = "{log}"
 
 [kubernetes]
-kubeconfig = "{kubeconfig}"
+kubeconfig = {kubeconfig}
 {rate_limit}
 
-[kubelet]
-root_dir = "{d}/kubelet"
-
-[cdi]
-spec_dirs = ["{cdi}"]
-dynamic_dir = "{cdi}"
-
-[paths]
-state_dir = "{d}/state"
-driver_root = "{d}/driver"
-dev_root = "{d}/dev"
-sys_root = "{d}/sys"
-
+{paths}
 [publish]
 rediscovery_interval = "{rediscovery}"
 
@@ -125,9 +121,8 @@ rediscovery_interval = "{rediscovery}"
 gpus = {gpus}
 "#,
             log = settings.log_level,
-            kubeconfig = kubeconfig.display(),
-            d = d.display(),
-            cdi = cdi_dir.display(),
+            kubeconfig = toml_path(&kubeconfig),
+            paths = paths_toml(&paths),
             rediscovery = settings.rediscovery,
             gpus = settings.gpus,
             rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
@@ -199,18 +194,23 @@ pub struct InProcessAgent {
 }
 
 impl InProcessAgent {
-    pub fn start(config: Config) -> InProcessAgent {
+    /// Starts the agent and returns once it serves the kubelet.
+    pub async fn start(config: Config) -> InProcessAgent {
         let (tx, rx) = watch::channel(false);
+        let (ready, serving) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
                 .expect("agent runtime");
-            if let Err(e) = rt.block_on(edra::app::run(config, rx)) {
-                eprintln!("agent stopped with an error: {}", edra::app::error_chain(&e));
+            if let Err(e) = rt.block_on(edra::app::run_signalling(config, rx, Some(ready))) {
+                eprintln!("agent stopped with an error: {}", edra::util::error_chain(&e));
             }
         });
+        if serving.await.is_err() {
+            panic!("the agent stopped before serving the kubelet");
+        }
         InProcessAgent { shutdown: tx, thread: Some(thread) }
     }
 
@@ -259,15 +259,6 @@ pub async fn register(socket: &Path) {
     let authority = percent_encoded(socket);
     h2.get_info(&authority).await.expect("GetInfo");
     h2.notify(&authority, RegistrationStatus { plugin_registered: true, error: String::new() }).await.expect("Notify");
-}
-
-/// Waits for a path to appear, checking every millisecond (the resolution of start-up times).
-pub async fn wait_for_path(path: &Path, timeout: Duration) {
-    let start = Instant::now();
-    while !path.exists() {
-        assert!(start.elapsed() < timeout, "{} did not appear within {timeout:?}", path.display());
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 /// Latency samples and their percentiles.

@@ -30,7 +30,7 @@ pub fn doctor_client(cfg: &Config) -> Result<Client, Error> {
 async fn bounded<T>(what: &str, f: impl Future<Output = Result<T, Error>>) -> Result<T, String> {
     match tokio::time::timeout(NETWORK_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(crate::app::error_chain(&e)),
+        Ok(Err(e)) => Err(crate::util::error_chain(&e)),
         Err(_) => Err(format!("{what}: no answer within {NETWORK_TIMEOUT:?}")),
     }
 }
@@ -83,7 +83,7 @@ pub async fn api_server(cfg: &Config) -> (CheckResult, Option<Client>) {
         Ok(c) => c,
         Err(e) => {
             let fix = "set kubernetes.kubeconfig (--kubeconfig) or KUBECONFIG, or run on a k3s node as root";
-            return (CheckResult::new(API, Status::Fail, crate::app::error_chain(&e), fix), None);
+            return (CheckResult::new(API, Status::Fail, crate::util::error_chain(&e), fix), None);
         }
     };
     let server = client.server_url().to_string();

@@ -44,13 +44,13 @@ pub fn backend(cfg: &Config) -> (CheckResult, Option<Discovered>) {
                paths.driver_root at it, or use --backend mock to run without GPUs";
     let backend = match backend_from_config(cfg) {
         Ok(b) => b,
-        Err(e) => return (CheckResult::new(NAME, Status::Fail, crate::app::error_chain(&e), fix), None),
+        Err(e) => return (CheckResult::new(NAME, Status::Fail, crate::util::error_chain(&e), fix), None),
     };
     let name = backend.name();
     let inventory = match backend.discover() {
         Ok(i) => i,
         Err(e) => {
-            let detail = format!("{name} backend loaded but discovery failed: {}", crate::app::error_chain(&e));
+            let detail = format!("{name} backend loaded but discovery failed: {}", crate::util::error_chain(&e));
             return (CheckResult::new(NAME, Status::Fail, detail, fix), None);
         }
     };

@@ -21,7 +21,6 @@ proptest! {
         let dir = tempfile::tempdir().expect("a temporary folder");
         for c in super::hook_state(dir.path(), &state, &bundle_config).into_iter().flatten() {
             prop_assert!(c.rootfs.is_dir());
-            prop_assert!(c.pid.is_none_or(|p| p > 0));
         }
     }
 
@@ -39,15 +38,9 @@ proptest! {
         let state = json!({"ociVersion": "1.2.0", "id": "c", "status": "creating", "pid": pid, "bundle": "/elsewhere"});
         let results = super::hook_state(dir.path(), state.to_string().as_bytes(), bundle_config.as_bytes());
         let [_, with_bundle] = results.as_slice() else { panic!("the state is an object: {results:?}") };
-        match pid.as_i64().and_then(|p| i32::try_from(p).ok()) {
-            Some(p) => {
-                let c = with_bundle.as_ref().map_err(|e| TestCaseError::fail(e.clone()))?;
-                prop_assert_eq!(&c.rootfs, &rootfs);
-                prop_assert_eq!(c.pid, Some(p).filter(|p| *p > 0));
-            }
-            None if pid.is_null() => prop_assert_eq!(with_bundle.as_ref().map(|c| c.pid), Ok(None)),
-            None => prop_assert!(with_bundle.is_err(), "pid {pid} is not an i32"),
-        }
+        // The state's pid is not used (runtimes disagree on it), whatever its value.
+        let c = with_bundle.as_ref().map_err(|e| TestCaseError::fail(e.clone()))?;
+        prop_assert_eq!(&c.rootfs, &rootfs);
     }
 
     #[test]

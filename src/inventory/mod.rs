@@ -170,7 +170,7 @@ pub fn backend_from_config(cfg: &Config) -> Result<Box<dyn DeviceBackend>, Inven
         BackendKind::Nvml => Ok(Box::new(nvml::NvmlBackend::load(cfg)?)),
         BackendKind::Auto => match nvml::NvmlBackend::load(cfg) {
             Ok(b) => Ok(Box::new(b)),
-            Err(e) => Err(InventoryError::NoBackend { reason: crate::app::error_chain(&e), cause: Box::new(e) }),
+            Err(e) => Err(InventoryError::NoBackend { reason: crate::util::error_chain(&e), cause: Box::new(e) }),
         },
     }
 }

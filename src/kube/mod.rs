@@ -4,11 +4,13 @@
 //! pure request builders ([`request`]); transport with rate limit, timeouts and retries
 //! ([`client`]); the operations edra needs ([`api`]); version conversion of
 //! resource.k8s.io objects ([`convert`]); a ResourceSlice watcher ([`watcher`]); and
-//! self-reviews of identity and permissions ([`review`]).
+//! self-reviews of identity and permissions ([`review`]); the client with its discovered
+//! resource.k8s.io version as the agent shares it ([`cluster`]).
 
 pub mod api;
 pub mod backoff;
 pub mod client;
+pub mod cluster;
 pub mod convert;
 pub mod credentials;
 mod error;
@@ -20,8 +22,9 @@ pub mod watcher;
 
 pub use api::SliceList;
 pub use client::{Client, ClientSettings, RequestStats};
+pub use cluster::Cluster;
 pub use credentials::{Auth, Credentials, Pem, Secret, Sources};
-pub use error::{ApiError, Error, decode_status};
+pub use error::{ApiError, Error, MAX_RETRY_AFTER, decode_status};
 pub use request::ResourceApi;
 pub use review::{AccessCheck, AccessDecision, SubjectInfo};
 pub use watcher::Event;

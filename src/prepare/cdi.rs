@@ -18,9 +18,7 @@
 //! no newer `cdiVersion`.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -318,18 +316,8 @@ pub fn write_spec(path: &Path, spec: &Spec) -> io::Result<()> {
     let tmp: PathBuf =
         dir.join(format!(".{}.tmp-{}-{:08x}", file_name.to_string_lossy(), std::process::id(), fastrand::u32(..)));
     let bytes = serde_json::to_vec_pretty(spec).map_err(io::Error::other)?;
-    let result = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp)?;
-        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        crate::state::sync_path(dir)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    crate::util::write_atomically(path, &tmp, &bytes, 0o644)?;
+    crate::state::sync_path(dir)
 }
 
 /// Removes a spec file durably; a missing file is fine.

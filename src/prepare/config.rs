@@ -9,7 +9,9 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+
+pub use crate::device_config::{GpuConfig, Interval, MpsConfig, Sharing, Strategy, TimeSlicingConfig};
 
 /// The version of the config schema.
 pub const CONFIG_VERSION: &str = "v1alpha1";
@@ -17,78 +19,6 @@ pub const CONFIG_VERSION: &str = "v1alpha1";
 pub const GPU_CONFIG_KIND: &str = "GpuConfig";
 /// Largest accepted `parameters` object, as the API server limits it on create.
 pub const MAX_PARAMETERS_BYTES: usize = 10 * 1024;
-
-/// How a GPU is shared between containers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Strategy {
-    /// One claim owns the GPU.
-    #[default]
-    Exclusive,
-    /// CUDA time-slicing.
-    TimeSlicing,
-    /// CUDA Multi-Process Service.
-    #[serde(rename = "MPS")]
-    Mps,
-}
-
-/// Time-slice length for `TimeSlicing`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Interval {
-    /// The driver's default.
-    #[default]
-    Default,
-    /// Short slices.
-    Short,
-    /// Medium slices.
-    Medium,
-    /// Long slices.
-    Long,
-}
-
-/// `sharing.timeSlicing`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct TimeSlicingConfig {
-    /// The slice length.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub interval: Option<Interval>,
-}
-
-/// `sharing.mps`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct MpsConfig {
-    /// Percentage of SMs each client may use (1–100).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default_active_thread_percentage: Option<u32>,
-    /// Pinned device memory limit per client, a Kubernetes quantity (e.g. `10Gi`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default_pinned_device_memory_limit: Option<String>,
-}
-
-/// `sharing`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Sharing {
-    /// The strategy.
-    #[serde(default)]
-    pub strategy: Strategy,
-    /// Settings for `TimeSlicing`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub time_slicing: Option<TimeSlicingConfig>,
-    /// Settings for `MPS`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mps: Option<MpsConfig>,
-}
-
-/// The resolved configuration of one allocated device (the `GpuConfig` body).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct GpuConfig {
-    /// How the GPU is shared.
-    #[serde(default)]
-    pub sharing: Sharing,
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

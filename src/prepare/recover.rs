@@ -67,7 +67,7 @@ impl Preparer {
                         report.rewritten.push(rec.uid);
                     }
                     Err(e) => {
-                        tracing::warn!(claim.uid = %rec.uid, error = %crate::app::error_chain(&e), "cannot re-write a missing CDI spec; prepare will retry");
+                        tracing::warn!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot re-write a missing CDI spec; prepare will retry");
                         report.rewrite_failed.push(rec.uid);
                     }
                 },

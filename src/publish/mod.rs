@@ -1,7 +1,9 @@
 //! Publishing devices as ResourceSlices: [`desired`] computes what should exist (pure),
-//! [`plan`] computes the writes that converge the API server (pure), and the reconcile
-//! loop applies them and keeps watching.
+//! [`plan`] computes the writes that converge the API server (pure), [`machine`] decides
+//! when to plan and what to do with the outcome (no I/O), and the [`reconcile`] loop drives
+//! it: watches, applies and keeps going.
 
 pub mod desired;
+pub mod machine;
 pub mod plan;
 pub mod reconcile;

@@ -117,4 +117,4 @@ pub fn plan(
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

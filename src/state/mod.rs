@@ -340,7 +340,7 @@ impl Store {
         f(db).map_err(|failure| match failure {
             Failure::Plain(e) => e,
             Failure::Poison(e) => {
-                let reason = crate::app::error_chain(&e);
+                let reason = crate::util::error_chain(&e);
                 let first = self.inner.health.send_if_modified(|h| {
                     if h.is_none() {
                         *h = Some(reason.clone());

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::prepare::config::GpuConfig;
+use crate::device_config::GpuConfig;
 
 /// The schema version this edra writes.
 pub const SCHEMA_VERSION: u32 = 1;

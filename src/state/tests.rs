@@ -4,7 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
 use super::*;
-use crate::prepare::config::GpuConfig;
+use crate::device_config::GpuConfig;
 
 fn device(name: &str, admin: bool) -> DeviceRecord {
     DeviceRecord {
@@ -156,7 +156,7 @@ fn corrupt_database_gives_a_clear_error() {
     }
     std::fs::write(dir.join("conf"), b"garbage that is not sled's config").unwrap();
     let err = Store::open(&dir).unwrap_err();
-    let msg = crate::app::error_chain(&err);
+    let msg = crate::util::error_chain(&err);
     assert!(msg.contains(&dir.display().to_string()) && msg.contains("move the state directory aside"), "{msg}");
 }
 
@@ -243,8 +243,8 @@ fn os_errors_that_sled_wraps_in_debug_text_read_plainly() {
     assert_eq!(plain_io(other).to_string(), "something else");
     let e = db_err("read a claim")(sled::Error::Io(io::Error::other("Os { code: 5, kind: Uncategorized }")));
     assert!(
-        crate::app::error_chain(&e).ends_with("Input/output error (os error 5)"),
+        crate::util::error_chain(&e).ends_with("Input/output error (os error 5)"),
         "{}",
-        crate::app::error_chain(&e)
+        crate::util::error_chain(&e)
     );
 }

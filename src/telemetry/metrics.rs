@@ -217,7 +217,7 @@ impl Metrics {
     /// A registry of `calls`, the state read from `state`, and the build info.
     pub fn new(calls: &CallMetrics, state: StateSources) -> Self {
         let mut r = Registry::default();
-        r.register("edra_build", "edra's version; always 1", Info::new([("version", crate::VERSION)]));
+        r.register("edra_build", "edra's version; always 1", Info::new([("version", crate::util::VERSION)]));
         for (name, m) in [("prepare", &calls.prepare), ("unprepare", &calls.unprepare)] {
             let method = if name == "prepare" { "NodePrepareResources" } else { "NodeUnprepareResources" };
             r.register(

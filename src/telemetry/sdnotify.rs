@@ -186,7 +186,7 @@ impl Notifier {
                 () = &mut shutdown => return,
                 _ = ticks.tick() => {
                     if let Err(e) = self.watchdog() {
-                        tracing::warn!(error = %crate::app::error_chain(&e), "watchdog ping failed");
+                        tracing::warn!(error = %crate::util::error_chain(&e), "watchdog ping failed");
                     }
                 }
             }

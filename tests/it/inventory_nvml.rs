@@ -155,7 +155,7 @@ fn a_failing_call_names_the_call_and_the_device() {
         matches!(&err, InventoryError::Call { call: "nvmlDeviceGetMemoryInfo_v2", device, .. } if device.starts_with("GPU 1 (GPU-")),
         "{err:?}"
     );
-    let text = edra::app::error_chain(&err);
+    let text = edra::util::error_chain(&err);
     assert!(text.contains("nvmlDeviceGetMemoryInfo_v2") && text.contains("GPU 1"), "{text}");
     assert!(text.contains("driver is loaded") && text.contains("paths.driver_root"), "{text}");
 
@@ -172,7 +172,7 @@ fn init_failure_says_what_to_check() {
     let roots = tempfile::tempdir().expect("tempdir");
     let err = backend_from_config(&config(&stub.library, roots.path())).err().expect("driver not loaded");
     assert!(matches!(err, InventoryError::Call { call: "nvmlInit_v2", .. }), "{err:?}");
-    assert!(edra::app::error_chain(&err).to_lowercase().contains("driver"), "{err}");
+    assert!(edra::util::error_chain(&err).to_lowercase().contains("driver"), "{err}");
 }
 
 #[test]
@@ -181,13 +181,13 @@ fn a_missing_library_is_a_clear_error() {
     let missing = roots.path().join("nowhere/libnvidia-ml.so.1");
     let mut cfg = config(&missing, roots.path());
     let err = backend_from_config(&cfg).err().expect("no library");
-    let text = edra::app::error_chain(&err);
+    let text = edra::util::error_chain(&err);
     assert!(matches!(err, InventoryError::LoadLibrary { .. }), "{text}");
     assert!(text.contains(&missing.display().to_string()) && text.contains("--backend mock"), "{text}");
 
     cfg.backend = BackendKind::Auto;
     let err = backend_from_config(&cfg).err().expect("no library");
-    let text = edra::app::error_chain(&err);
+    let text = edra::util::error_chain(&err);
     assert!(matches!(err, InventoryError::NoBackend { .. }), "{text}");
     assert!(text.contains("--backend auto") && text.contains("--backend mock"), "{text}");
     assert!(text.contains("nvml.library") && text.contains("paths.driver_root"), "{text}");
@@ -198,7 +198,7 @@ fn a_library_without_nvml_symbols_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let lib = empty_library(dir.path());
     let err = backend_from_config(&config(&lib, dir.path())).err().expect("not NVML");
-    let text = edra::app::error_chain(&err);
+    let text = edra::util::error_chain(&err);
     assert!(matches!(err, InventoryError::NotNvml { .. }), "{text}");
     assert!(text.contains("not a usable NVML library") && text.contains("nvmlInit_v2"), "{text}");
 }

@@ -14,7 +14,7 @@ use edra::plugin::proto::registration::{InfoRequest, RegistrationStatus};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use crate::support::apiserver::{Identity, Options, TestApiServer};
 use crate::support::kubelet;
@@ -94,9 +94,15 @@ async fn a_registered_agent_is_ready_and_its_metrics_show_devices_and_api_reques
     let registration_socket = cfg.paths.registration_socket(&cfg.driver_name);
     let dra_socket = cfg.paths.dra_socket(&cfg.driver_name);
     let (stop, stop_rx) = watch::channel(false);
-    let agent = tokio::spawn(edra::app::run(cfg, stop_rx));
+    let (ready, serving) = oneshot::channel();
+    let agent = tokio::spawn(edra::app::run_signalling(cfg, stop_rx, Some(ready)));
 
-    assert_eq!(wait_for_status(addr, "/healthz", 200).await, "ok\n");
+    let serving = tokio::time::timeout(DEADLINE, serving).await.expect("serves in time").expect("serves");
+    assert_eq!(
+        (serving.registration_socket.as_path(), serving.dra_socket.as_path()),
+        (&*registration_socket, &*dra_socket)
+    );
+    assert_eq!(get(addr, "/healthz").await, Some((200, "ok\n".to_string())), "the metrics address is bound before");
     let not_ready = get(addr, "/readyz").await.expect("readyz answers");
     assert_eq!(not_ready, (503, "not registered with the kubelet\n".to_string()));
 

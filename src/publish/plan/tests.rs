@@ -3,13 +3,13 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::inventory::{AttributeValue, Device, DeviceKind};
 
-const DRIVER: &str = "gpu.edra.dev";
+pub(crate) const DRIVER: &str = "gpu.edra.dev";
 
-fn node() -> NodeIdentity {
+pub(crate) fn node() -> NodeIdentity {
     NodeIdentity { name: "edge-1".into(), uid: Some("0b1c-node-uid".into()) }
 }
 
-fn inventory(n: usize, product: &str) -> Inventory {
+pub(crate) fn inventory(n: usize, product: &str) -> Inventory {
     let devices = (0..n)
         .map(|i| Device {
             name: format!("gpu-{i}"),
@@ -29,8 +29,9 @@ fn inventory(n: usize, product: &str) -> Inventory {
 }
 
 /// Applies a plan the way the API server would: deletes remove, updates bump the
-/// resourceVersion, creates get a name from generateName and a uid.
-fn apply(observed: &[ResourceSlice], p: &Plan, counter: &mut u64) -> Vec<ResourceSlice> {
+/// resourceVersion, creates get a name from generateName and a uid. The publisher's
+/// machine tests use it as their server too.
+pub(crate) fn apply(observed: &[ResourceSlice], p: &Plan, counter: &mut u64) -> Vec<ResourceSlice> {
     let mut out: Vec<ResourceSlice> = observed
         .iter()
         .filter(|s| !p.deletes.iter().any(|d| Some(&d.name) == s.metadata.name.as_ref()))

@@ -7,21 +7,23 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use edra::app::AppError;
-use edra::config::{Config, LoadContext, Overrides};
+use edra::config::{Config, LoadContext, Overrides, Paths};
 use edra::plugin::ClaimRef;
 use edra::plugin::proto::dra_v1 as v1;
 use edra::plugin::proto::dra_v1::dra_plugin_client::DraPluginClient as V1Client;
 use edra::plugin::proto::registration::{InfoRequest, RegistrationStatus};
 use serde_json::Value;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use super::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, TestApiServer};
 use super::kubelet;
+use super::layout::{paths_toml, toml_path};
 
 pub const DRIVER: &str = "gpu.edra.dev";
 pub const NODE: &str = "n1";
@@ -29,17 +31,8 @@ pub const NODE: &str = "n1";
 pub const GPUS: usize = 4;
 /// Upper bound of every wait in these tests; a failure says what was awaited.
 pub const WAIT: Duration = Duration::from_secs(15);
-/// Poll interval of file-system conditions (socket files appearing, processes exiting).
-const POLL: Duration = Duration::from_millis(10);
-
-/// Polls `cond` every 10 ms until it holds; panics naming `what` after `timeout`.
-pub async fn poll_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
-        tokio::time::sleep(POLL).await;
-    }
-}
+/// Numbers the children's notification sockets.
+static NOTIFY_SOCKETS: AtomicUsize = AtomicUsize::new(0);
 
 /// The test API server plus one node's filesystem and credentials.
 pub struct Cluster {
@@ -187,19 +180,19 @@ impl NodeFs {
     }
 
     pub fn cdi_dir(&self) -> PathBuf {
-        self.root.join("cdi/dynamic")
+        self.paths().cdi_dynamic_dir
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.root.join("state")
+        self.paths().state_dir
     }
 
     pub fn dra_socket(&self) -> PathBuf {
-        self.root.join("kubelet/plugins").join(DRIVER).join("dra.sock")
+        self.paths().dra_socket(DRIVER)
     }
 
     pub fn registration_socket(&self) -> PathBuf {
-        self.root.join("kubelet/plugins_registry").join(format!("{DRIVER}-reg.sock"))
+        self.paths().registration_socket(DRIVER)
     }
 
     /// edra's claim spec files in the dynamic CDI directory, sorted.
@@ -220,29 +213,26 @@ impl NodeFs {
         self.cdi_dir().join(format!("k8s.{DRIVER}-claim_{uid}.json"))
     }
 
+    /// The layout below `root`, with static and dynamic CDI directories of its own.
+    pub fn paths(&self) -> Paths {
+        let cdi = self.root.join("cdi");
+        Paths {
+            cdi_spec_dirs: vec![cdi.join("static"), cdi.join("dynamic")],
+            cdi_dynamic_dir: cdi.join("dynamic"),
+            ..Paths::under(&self.root)
+        }
+    }
+
     fn toml(&self, node: &str, kubeconfig: &Path, mock: &str) -> String {
-        let s = |p: PathBuf| toml::Value::String(p.display().to_string()).to_string();
-        let r = |rel: &str| s(self.root.join(rel));
         format!(
             "node_name = \"{node}\"\nbackend = \"mock\"\n\
              [kubernetes]\nkubeconfig = {kc}\n\
-             [kubelet]\nroot_dir = {kubelet}\nplugins_dir = {plugins}\nregistry_dir = {registry}\n\
-             [cdi]\nspec_dirs = [{static_}, {dynamic}]\ndynamic_dir = {dynamic}\n\
-             [paths]\nstate_dir = {state}\ndriver_root = {driver}\ndev_root = {dev}\nproc_root = {proc}\nsys_root = {sys}\n\
+             {paths}\
              [plugin]\nshutdown_grace = \"2s\"\n\
              [metrics]\naddress = \"\"\n\
              [mock]\n{mock}\n",
-            kc = s(kubeconfig.to_path_buf()),
-            kubelet = r("kubelet"),
-            plugins = r("kubelet/plugins"),
-            registry = r("kubelet/plugins_registry"),
-            static_ = r("cdi/static"),
-            dynamic = r("cdi/dynamic"),
-            state = r("state"),
-            driver = r("driver"),
-            dev = r("dev"),
-            proc = r("proc"),
-            sys = r("sys"),
+            kc = toml_path(kubeconfig),
+            paths = paths_toml(&self.paths()),
         )
     }
 }
@@ -267,20 +257,19 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts the agent with `config`, waits for its registration socket and registers.
+    /// Starts the agent with `config`, waits until it serves the kubelet and registers.
     pub async fn start(fs: NodeFs, config: Config) -> Agent {
         let (shutdown, rx) = watch::channel(false);
-        let task = tokio::spawn(edra::app::run(config, rx));
+        let (ready, serving) = oneshot::channel();
+        let task = tokio::spawn(edra::app::run_signalling(config, rx, Some(ready)));
         let mut agent = Agent { fs, shutdown, task: Some(task) };
-        let socket = agent.fs.registration_socket();
-        let start = Instant::now();
-        while !socket.exists() {
-            if agent.task.as_ref().is_some_and(JoinHandle::is_finished) {
+        match tokio::time::timeout(WAIT, serving).await {
+            Ok(Ok(serving)) => assert_eq!(serving.registration_socket, agent.fs.registration_socket()),
+            Ok(Err(_)) => {
                 let task = agent.task.take().expect("task present");
                 panic!("the agent stopped before serving the kubelet: {:?}", task.await);
             }
-            assert!(start.elapsed() < WAIT, "timed out after {WAIT:?} waiting for {}", socket.display());
-            tokio::time::sleep(POLL).await;
+            Err(_) => panic!("the agent did not serve the kubelet within {WAIT:?}"),
         }
         register(&agent.fs).await;
         agent
@@ -322,12 +311,16 @@ impl Drop for Agent {
 pub struct ChildAgent {
     pub child: tokio::process::Child,
     pub fs: NodeFs,
+    /// The child's `NOTIFY_SOCKET`, as systemd's: its first message says it serves.
+    _notify: tokio::net::UnixDatagram,
 }
 
 impl ChildAgent {
-    /// Spawns `edra --config <file> run` with `failpoints` in FAILPOINT_EDRA, waits for
-    /// its registration socket and registers. Sockets a killed agent left behind stay in
-    /// place: the new one must replace them, and only a new socket file counts.
+    /// Spawns `edra --config <file> run` with `failpoints` in FAILPOINT_EDRA, waits until
+    /// it serves the kubelet and registers. It is told where systemd's notification socket
+    /// is (`NOTIFY_SOCKET`); its first message there, a STATUS= line, comes once both
+    /// sockets are in place. Sockets a killed agent left behind stay: the new one must
+    /// replace them.
     pub async fn start(cluster: &Cluster, failpoints: &str) -> ChildAgent {
         ChildAgent::start_with_env(cluster, failpoints, &[]).await
     }
@@ -336,13 +329,10 @@ impl ChildAgent {
     /// otherwise free of glibc allocator settings (`MALLOC_ARENA_MAX`, `GLIBC_TUNABLES`),
     /// so the agent sets up its allocator as on a node.
     pub async fn start_with_env(cluster: &Cluster, failpoints: &str, env: &[(&str, &str)]) -> ChildAgent {
-        use std::os::unix::fs::MetadataExt;
         let fs = cluster.fs();
-        let socket = fs.registration_socket();
-        // Inode numbers are reused at once; with the change time they identify the file.
-        let id = |m: std::fs::Metadata| (m.ino(), m.ctime(), m.ctime_nsec());
-        let stale = std::fs::metadata(&socket).ok().map(id);
-        let is_new = || std::fs::metadata(&socket).is_ok_and(|m| Some(id(m)) != stale);
+        let notify_path = fs.root.join(format!("notify-{}", NOTIFY_SOCKETS.fetch_add(1, Ordering::Relaxed)));
+        let _ = std::fs::remove_file(&notify_path);
+        let notify = tokio::net::UnixDatagram::bind(&notify_path).expect("bind the notification socket");
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_edra"));
         cmd.arg("--config")
             .arg(cluster.config_file(NODE))
@@ -351,6 +341,9 @@ impl ChildAgent {
             .env("EDRA_LOG_LEVEL", "warn")
             .env_remove("MALLOC_ARENA_MAX")
             .env_remove("GLIBC_TUNABLES")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .env("NOTIFY_SOCKET", &notify_path)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -362,16 +355,18 @@ impl ChildAgent {
             cmd.env(edra::prepare::failpoint::ENV, failpoints);
         }
         let mut child = cmd.spawn().expect("spawn edra run");
-        let start = Instant::now();
-        while !is_new() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("edra run exited with {status} before serving the kubelet");
+        let mut first = [0u8; 512];
+        tokio::select! {
+            got = notify.recv(&mut first) => {
+                let n = got.expect("read the notification socket");
+                let message = String::from_utf8_lossy(&first[..n]);
+                assert!(message.starts_with("STATUS="), "first notification: {message:?}");
             }
-            assert!(start.elapsed() < WAIT, "timed out after {WAIT:?} waiting for {}", socket.display());
-            tokio::time::sleep(POLL).await;
+            status = child.wait() => panic!("edra run exited with {status:?} before serving the kubelet"),
+            () = tokio::time::sleep(WAIT) => panic!("edra run did not serve the kubelet within {WAIT:?}"),
         }
         register(&fs).await;
-        ChildAgent { child, fs }
+        ChildAgent { child, fs, _notify: notify }
     }
 
     /// A DRAPlugin v1 client on the child's DRA socket.

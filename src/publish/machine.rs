@@ -1,0 +1,332 @@
+//! The publisher's decisions as a state machine, in the manner of kube-rs's watcher: a
+//! [`State`], the [`Input`]s that move it (watch events, a new inventory, the timer, the
+//! outcome of an API call) and [`Machine::step`], which applies one input and names the
+//! [`Action`] the driver ([`super::reconcile`]) takes next. It does no I/O, so debounce,
+//! backoff and the owner refresh are tested in paused time without an API server; new
+//! reasons to publish (counters, taints, shares) come in as inputs and transitions here.
+//!
+//! The cycle: the watch lists (`Unsynced` → due) → after the debounce [`plan`] runs; an
+//! empty plan means the API matches (`Idle`); a plan that creates slices first re-reads the
+//! Node (a Node re-created under a new uid takes its slices with it, and new slices must
+//! name the new owner); then the writes are applied and the pool re-planned at once. A
+//! failure backs off with jitter; changes while backing off do not hurry the retry.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::desired::NodeIdentity;
+use super::plan::{Plan, plan};
+use super::reconcile::PublishStatus;
+use crate::inventory::Inventory;
+use crate::kube::{self, backoff::Backoff, watcher};
+use crate::util::error_chain;
+
+/// How long changes are collected before reconciling, so a burst (a kubelet wiping the
+/// pool) is answered with one plan.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Retry delays after a failed reconcile: the n-th is between half and all of
+/// `RETRY_BASE·2ⁿ`, at most `RETRY_MAX`.
+pub const RETRY_BASE: Duration = Duration::from_secs(1);
+pub const RETRY_MAX: Duration = Duration::from_secs(45);
+
+/// Where the publisher is between inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    /// The watch has not listed yet: without the API's view there is nothing to plan from.
+    Unsynced,
+    /// The API matched at the last reconcile; waiting for a change.
+    Idle,
+    /// Something changed: reconcile at `at`. Changes meanwhile join that reconcile (the
+    /// debounce); after writes it is due at once, to confirm the pool converged.
+    Due { at: Instant },
+    /// The last reconcile failed: reconcile again at `at`; changes do not hurry it.
+    BackingOff { at: Instant },
+    /// The Node is being re-read before `plan` creates slices naming it as their owner.
+    RefreshingOwner { plan: Plan },
+    /// The writes of pool generation `generation` are being applied.
+    Applying { generation: i64 },
+}
+
+/// What moves the machine.
+// Inputs live one at a time, moved straight into `step`: boxing the slices would only
+// add allocations.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Input {
+    /// An event of the watch on this node's slices.
+    Watch(watcher::Event),
+    /// The device inventory changed.
+    Inventory(Arc<Inventory>),
+    /// The time of [`Machine::timer`] has come.
+    Timer,
+    /// The Node's uid as re-read for [`Action::RefreshOwner`].
+    OwnerRefreshed(Result<Option<String>, kube::Error>),
+    /// The outcome of [`Action::Apply`].
+    Applied(Applied),
+}
+
+/// What applying a plan did.
+#[derive(Debug)]
+pub struct Applied {
+    /// Writes attempted (including the failed one).
+    pub writes: u64,
+    /// The slices as the server answered, in order; they become the machine's view at
+    /// once, so the watch echoes of its own writes change nothing.
+    pub seen: Vec<Seen>,
+    /// `Err` with the first failed write; the writes after it were not attempted.
+    pub result: Result<(), kube::Error>,
+}
+
+/// One write's effect on the view of the API.
+#[allow(clippy::large_enum_variant)] // short-lived, as `Input`
+#[derive(Debug)]
+pub enum Seen {
+    /// Created or updated: the object the server returned.
+    Written(ResourceSlice),
+    /// Deleted, or found already gone.
+    Removed(String),
+}
+
+/// What the driver does next.
+#[derive(Debug, PartialEq)]
+pub enum Action {
+    /// Nothing: wait for the next input, or for [`Machine::timer`].
+    Wait,
+    /// Re-read the Node named [`Machine::node`] and step with [`Input::OwnerRefreshed`].
+    RefreshOwner,
+    /// Apply the plan (deletes, updates, creates; stop at the first error) and step with
+    /// [`Input::Applied`].
+    Apply(Plan),
+}
+
+/// The publisher's state and what it knows: the API's slices as seen, the inventory, the
+/// highest generation written, writes made and the retry backoff.
+#[derive(Debug)]
+pub struct Machine {
+    state: State,
+    driver: String,
+    node: NodeIdentity,
+    inventory: Arc<Inventory>,
+    observed: BTreeMap<String, ResourceSlice>,
+    min_generation: i64,
+    writes: u64,
+    backoff: Backoff,
+    report: Option<PublishStatus>,
+}
+
+impl Machine {
+    /// A machine for `node`'s pool of `driver`, waiting for the watch's first list.
+    pub fn new(driver: String, node: NodeIdentity, inventory: Arc<Inventory>) -> Self {
+        Machine {
+            state: State::Unsynced,
+            driver,
+            node,
+            inventory,
+            observed: BTreeMap::new(),
+            min_generation: 0,
+            writes: 0,
+            backoff: Backoff::new(RETRY_BASE, RETRY_MAX),
+            report: None,
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The Node whose pool this is (its uid as last read).
+    pub fn node(&self) -> &NodeIdentity {
+        &self.node
+    }
+
+    /// The driver name.
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
+    /// When the driver must step with [`Input::Timer`], if the state waits for a time.
+    pub fn timer(&self) -> Option<Instant> {
+        match self.state {
+            State::Due { at } | State::BackingOff { at } => Some(at),
+            _ => None,
+        }
+    }
+
+    /// The status to publish, once, after a reconcile decided it (`None` in between).
+    pub fn take_report(&mut self) -> Option<PublishStatus> {
+        self.report.take()
+    }
+
+    /// Applies one input at time `now` and says what to do next.
+    pub fn step(&mut self, input: Input, now: Instant) -> Action {
+        match input {
+            Input::Watch(event) => {
+                self.on_watch(event, now);
+                Action::Wait
+            }
+            Input::Inventory(inventory) => {
+                self.inventory = inventory;
+                self.changed(now);
+                Action::Wait
+            }
+            Input::Timer => self.on_timer(now),
+            Input::OwnerRefreshed(uid) => self.on_owner(uid, now),
+            Input::Applied(applied) => self.on_applied(applied, now),
+        }
+    }
+
+    fn on_watch(&mut self, event: watcher::Event, now: Instant) {
+        match event {
+            watcher::Event::Restarted(items) => {
+                self.observed = items.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect();
+                if self.state == State::Unsynced {
+                    self.state = State::Idle;
+                }
+                self.changed(now);
+            }
+            watcher::Event::Applied(s) => {
+                if let Some(name) = s.metadata.name.clone() {
+                    self.observed.insert(name, s);
+                    self.changed(now);
+                }
+            }
+            watcher::Event::Deleted(s) => {
+                if let Some(name) = &s.metadata.name {
+                    self.observed.remove(name);
+                    self.changed(now);
+                }
+            }
+            watcher::Event::Error(e) => warn!(error = %e, "watching own ResourceSlices failed; reconnecting"),
+        }
+    }
+
+    /// Something the plan depends on changed: an idle machine reconciles after the debounce.
+    fn changed(&mut self, now: Instant) {
+        if self.state == State::Idle {
+            self.state = State::Due { at: now + DEBOUNCE };
+        }
+    }
+
+    fn on_timer(&mut self, now: Instant) -> Action {
+        match self.timer() {
+            Some(at) if at <= now => {}
+            _ => return Action::Wait,
+        }
+        let current: Vec<ResourceSlice> = self.observed.values().cloned().collect();
+        let p = plan(&current, &self.inventory, &self.node, &self.driver, self.min_generation);
+        if p.is_empty() {
+            self.backoff.reset();
+            self.state = State::Idle;
+            self.report(true, None);
+            return Action::Wait;
+        }
+        // Slices are missing: the Node may have been deleted (taking them with it) and
+        // registered again under a new uid the owner reference must name.
+        if !p.creates.is_empty() && self.node.uid.is_some() {
+            self.state = State::RefreshingOwner { plan: p };
+            return Action::RefreshOwner;
+        }
+        self.apply(p)
+    }
+
+    fn on_owner(&mut self, uid: Result<Option<String>, kube::Error>, now: Instant) -> Action {
+        let p = match std::mem::replace(&mut self.state, State::Idle) {
+            State::RefreshingOwner { plan } => plan,
+            other => {
+                self.state = other;
+                return Action::Wait;
+            }
+        };
+        match uid {
+            Ok(uid) if uid.is_some() && uid != self.node.uid => {
+                info!(node = %self.node.name, old = ?self.node.uid, new = ?uid, "the Node was re-created; slices will name its new uid");
+                self.node.uid = uid;
+                // Plan again with the new owner.
+                self.state = State::Due { at: now };
+                Action::Wait
+            }
+            Ok(_) => self.apply(p),
+            Err(e) => {
+                self.min_generation = self.min_generation.max(p.generation);
+                self.failed(&e, now)
+            }
+        }
+    }
+
+    fn apply(&mut self, p: Plan) -> Action {
+        info!(
+            generation = p.generation,
+            deletes = p.deletes.len(),
+            updates = p.updates.len(),
+            creates = p.creates.len(),
+            "publishing ResourceSlices"
+        );
+        self.state = State::Applying { generation: p.generation };
+        Action::Apply(p)
+    }
+
+    fn on_applied(&mut self, applied: Applied, now: Instant) -> Action {
+        let State::Applying { generation } = self.state else {
+            return Action::Wait;
+        };
+        for seen in applied.seen {
+            match seen {
+                Seen::Written(s) => {
+                    if let Some(name) = s.metadata.name.clone() {
+                        self.observed.insert(name, s);
+                    }
+                }
+                Seen::Removed(name) => {
+                    self.observed.remove(&name);
+                }
+            }
+        }
+        self.min_generation = self.min_generation.max(generation);
+        self.writes = self.writes.saturating_add(applied.writes);
+        match applied.result {
+            Ok(()) => {
+                self.backoff.reset();
+                // Re-plan at once: a converged pool gives an empty plan.
+                self.state = State::Due { at: now };
+                Action::Wait
+            }
+            Err(e) => self.failed(&e, now),
+        }
+    }
+
+    fn failed(&mut self, e: &kube::Error, now: Instant) -> Action {
+        log_write_error(e);
+        self.report(false, Some(error_chain(e)));
+        self.state = State::BackingOff { at: now + self.backoff.next_delay() };
+        Action::Wait
+    }
+
+    fn report(&mut self, in_sync: bool, last_error: Option<String>) {
+        let devices = self.inventory.devices.len();
+        self.report = Some(PublishStatus { in_sync, devices, writes: self.writes, last_error });
+    }
+}
+
+fn log_write_error(e: &kube::Error) {
+    if e.is_forbidden() {
+        error!(
+            error = %e,
+            "the API server refused to let edra write its ResourceSlices; with node credentials \
+             check that spec.nodeName equals the node name edra uses (node_name), otherwise grant \
+             the RBAC in config/rbac.yaml"
+        );
+    } else if e.is_conflict() {
+        debug!(error = %e, "a slice changed under us; re-planning from the newer version");
+    } else {
+        warn!(error = %e, "publishing ResourceSlices failed; will retry");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,222 @@
+//! The publisher's decisions in paused time: the debounce that joins a burst into one plan,
+//! the jittered backoff after failures (and its reset), the Node re-read before slices are
+//! created, and zero writes once the pool matches. The server is the plan tests' model of
+//! one (`apply`), so every plan is checked against what it would leave behind.
+
+use std::time::Duration;
+
+use tokio::time::{Instant, advance, sleep_until};
+
+use super::*;
+use crate::publish::plan::tests::{DRIVER, apply, inventory, node};
+
+/// A machine for `uid` (the Node's uid as first read) with `gpus` devices.
+fn machine(uid: Option<&str>, gpus: usize) -> Machine {
+    let node = NodeIdentity { uid: uid.map(String::from), ..node() };
+    Machine::new(DRIVER.into(), node, Arc::new(inventory(gpus, "A100")))
+}
+
+/// Sleeps (in paused time) until the machine's timer, then steps with it.
+async fn fire(m: &mut Machine) -> Action {
+    let at = m.timer().expect("the machine waits for a time");
+    sleep_until(at).await;
+    m.step(Input::Timer, Instant::now())
+}
+
+/// The slices the machine has seen (what it would plan from).
+fn seen_by(m: &Machine) -> Vec<ResourceSlice> {
+    m.observed.values().cloned().collect()
+}
+
+/// What the server answers to `plan`: every write succeeds, as `apply` models it.
+fn server_applies(m: &Machine, plan: &Plan, counter: &mut u64) -> Applied {
+    let after = apply(&seen_by(m), plan, counter);
+    let removed = plan.deletes.iter().map(|d| Seen::Removed(d.name.clone()));
+    let seen = removed.chain(after.into_iter().map(Seen::Written)).collect();
+    Applied { writes: plan.writes() as u64, seen, result: Ok(()) }
+}
+
+fn refused() -> kube::Error {
+    kube::Error::from_status("POST resourceslices".into(), 500, b"etcd is unavailable", None)
+}
+
+fn devices_in(plan: &Plan) -> usize {
+    plan.creates.iter().chain(&plan.updates).map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum()
+}
+
+/// Publishes the first pool and confirms it: ends `Idle` with the pool as the server has it.
+async fn publish_first(m: &mut Machine, counter: &mut u64) {
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), Instant::now());
+    let Action::Apply(p) = fire(m).await else { panic!("the first plan writes") };
+    let applied = server_applies(m, &p, counter);
+    assert_eq!(m.step(Input::Applied(applied), Instant::now()), Action::Wait);
+    assert_eq!(fire(m).await, Action::Wait, "the confirming plan is empty");
+    assert_eq!(m.state(), &State::Idle);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_planned_before_the_first_list() {
+    let mut m = machine(None, 2);
+    assert_eq!(m.step(Input::Inventory(Arc::new(inventory(3, "A100"))), Instant::now()), Action::Wait);
+    assert_eq!(m.state(), &State::Unsynced);
+    assert_eq!(m.timer(), None, "no view of the API yet, so no reconcile is scheduled");
+    assert_eq!(m.step(Input::Timer, Instant::now()), Action::Wait);
+
+    let t0 = Instant::now();
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), t0);
+    assert_eq!(m.timer(), Some(t0 + DEBOUNCE));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_changes_is_answered_with_one_plan_after_the_debounce() {
+    let mut m = machine(None, 2);
+    let t0 = Instant::now();
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), t0);
+    advance(Duration::from_millis(60)).await;
+    m.step(Input::Inventory(Arc::new(inventory(3, "A100"))), Instant::now());
+    advance(Duration::from_millis(30)).await;
+    m.step(Input::Inventory(Arc::new(inventory(4, "A100"))), Instant::now());
+    assert_eq!(m.timer(), Some(t0 + DEBOUNCE), "changes within the debounce do not push it back");
+
+    let early = m.step(Input::Timer, Instant::now());
+    assert_eq!(early, Action::Wait, "a timer input before its time does nothing");
+    let Action::Apply(p) = fire(&mut m).await else { panic!("a plan with writes") };
+    assert_eq!(t0.elapsed(), DEBOUNCE);
+    assert_eq!(devices_in(&p), 4, "the plan is for the newest inventory");
+    assert_eq!(m.state(), &State::Applying { generation: p.generation });
+    assert_eq!(m.take_report(), None, "nothing is reported before the writes' outcome");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_converged_pool_makes_no_writes_and_reports_in_sync() {
+    let mut m = machine(None, 2);
+    let mut counter = 0;
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the first plan writes") };
+    let written = apply(&[], &p, &mut 0);
+    let applied = server_applies(&m, &p, &mut counter);
+    let after_write = Instant::now();
+    m.step(Input::Applied(applied), after_write);
+    assert_eq!(m.timer(), Some(after_write), "re-planned at once to confirm");
+    assert_eq!(fire(&mut m).await, Action::Wait);
+    assert_eq!(m.state(), &State::Idle);
+    let report = m.take_report().expect("a reconcile reports");
+    assert_eq!(report, PublishStatus { in_sync: true, devices: 2, writes: p.writes() as u64, last_error: None });
+
+    // The watch echoes our own writes: due again after the debounce, with nothing to write.
+    for s in written {
+        m.step(Input::Watch(watcher::Event::Applied(s)), Instant::now());
+    }
+    assert_eq!(fire(&mut m).await, Action::Wait, "own echoes cause no writes");
+    assert_eq!(m.state(), &State::Idle);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wiped_pool_is_recreated_with_a_newer_generation_after_the_debounce() {
+    let mut m = machine(None, 2);
+    let mut counter = 0;
+    publish_first(&mut m, &mut counter).await;
+    let first_generation = seen_by(&m)[0].spec.pool.generation;
+
+    let t0 = Instant::now();
+    for s in seen_by(&m) {
+        m.step(Input::Watch(watcher::Event::Deleted(s)), Instant::now());
+    }
+    assert_eq!(m.timer(), Some(t0 + DEBOUNCE));
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the wiped pool is re-created") };
+    assert_eq!(t0.elapsed(), DEBOUNCE);
+    assert!(!p.creates.is_empty());
+    assert!(p.generation > first_generation, "generation {} after {first_generation}", p.generation);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_back_off_with_growing_jittered_delays_until_a_success_resets_them() {
+    let mut m = machine(None, 2);
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the first plan writes") };
+    let mut plan = p;
+    for n in 0..8u32 {
+        let failed_at = Instant::now();
+        let applied = Applied { writes: 1, seen: Vec::new(), result: Err(refused()) };
+        assert_eq!(m.step(Input::Applied(applied), failed_at), Action::Wait);
+        let State::BackingOff { at } = *m.state() else { panic!("backing off, not {:?}", m.state()) };
+        let delay = at - failed_at;
+        let exp = RETRY_BASE.saturating_mul(1 << n).min(RETRY_MAX);
+        assert!(delay >= exp / 2 && delay <= exp, "retry {n}: {delay:?} outside [{:?}, {exp:?}]", exp / 2);
+        let report = m.take_report().expect("a failure is reported");
+        assert!(!report.in_sync);
+        assert_eq!(report.writes, u64::from(n) + 1, "failed writes count");
+        assert!(report.last_error.as_deref().is_some_and(|e| e.contains("etcd is unavailable")), "{report:?}");
+
+        // A change while backing off does not hurry the retry.
+        m.step(Input::Inventory(Arc::new(inventory(2, "A100"))), Instant::now());
+        assert_eq!(m.timer(), Some(at));
+        let Action::Apply(again) = fire(&mut m).await else { panic!("the retry writes again") };
+        assert!(Instant::now() - at < Duration::from_millis(1), "retried at its time (timer granularity 1 ms)");
+        plan = again;
+    }
+
+    let mut counter = 0;
+    let applied = server_applies(&m, &plan, &mut counter);
+    m.step(Input::Applied(applied), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::Wait);
+    assert_eq!(m.take_report().map(|r| r.last_error), Some(None), "the error clears once in sync");
+
+    // The next failure starts from the first delay again.
+    m.step(Input::Inventory(Arc::new(inventory(3, "A100"))), Instant::now());
+    let Action::Apply(_) = fire(&mut m).await else { panic!("the new device is published") };
+    let failed_at = Instant::now();
+    m.step(Input::Applied(Applied { writes: 1, seen: Vec::new(), result: Err(refused()) }), failed_at);
+    let delay = m.timer().expect("backing off") - failed_at;
+    assert!(delay <= RETRY_BASE, "after a success the backoff starts over: {delay:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recreated_node_is_read_before_creating_and_its_new_uid_is_the_owner() {
+    let mut m = machine(Some("uid-old"), 2);
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::RefreshOwner, "creates wait for the Node to be read");
+    assert!(matches!(m.state(), State::RefreshingOwner { .. }));
+
+    let read_at = Instant::now();
+    let action = m.step(Input::OwnerRefreshed(Ok(Some("uid-new".into()))), read_at);
+    assert_eq!(action, Action::Wait);
+    assert_eq!(m.node().uid.as_deref(), Some("uid-new"));
+    assert_eq!(m.timer(), Some(read_at), "planned again at once with the new owner");
+
+    assert_eq!(fire(&mut m).await, Action::RefreshOwner);
+    let Action::Apply(p) = m.step(Input::OwnerRefreshed(Ok(Some("uid-new".into()))), Instant::now()) else {
+        panic!("an unchanged owner goes on to write")
+    };
+    for s in &p.creates {
+        let owners = s.metadata.owner_references.as_deref().unwrap_or_default();
+        assert_eq!(owners.iter().map(|o| o.uid.as_str()).collect::<Vec<_>>(), ["uid-new"]);
+    }
+    assert_eq!(read_at.elapsed(), Duration::ZERO, "no debounce between the reads and the writes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_node_read_backs_off_and_updates_do_not_read_the_node() {
+    let mut m = machine(Some("uid-1"), 2);
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::RefreshOwner);
+    let failed_at = Instant::now();
+    assert_eq!(m.step(Input::OwnerRefreshed(Err(refused())), failed_at), Action::Wait);
+    let delay = m.timer().expect("backing off") - failed_at;
+    assert!(matches!(m.state(), State::BackingOff { .. }) && delay <= RETRY_BASE, "{:?}", m.state());
+    assert_eq!(m.take_report().map(|r| r.in_sync), Some(false));
+
+    assert_eq!(fire(&mut m).await, Action::RefreshOwner, "retried after the backoff");
+    let Action::Apply(p) = m.step(Input::OwnerRefreshed(Ok(Some("uid-1".into()))), Instant::now()) else {
+        panic!("same owner: write")
+    };
+    let mut counter = 0;
+    let applied = server_applies(&m, &p, &mut counter);
+    m.step(Input::Applied(applied), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::Wait);
+
+    // A changed device only updates the existing slice: no Node read.
+    m.step(Input::Inventory(Arc::new(inventory(2, "H100"))), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("an update without reading the Node") };
+    assert!(p.creates.is_empty() && !p.updates.is_empty(), "{p:?}");
+}
