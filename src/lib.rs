@@ -25,6 +25,8 @@ pub mod cli;
 pub mod config;
 pub mod device_config;
 pub mod doctor;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hook;
 pub mod instance;
 pub mod inventory;
