@@ -288,7 +288,7 @@ impl Store {
         let create_err = |source| StateError::CreateDir { dir: dir.to_path_buf(), source };
         DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(create_err)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(create_err)?;
-        let db = Db::open(dir)?;
+        let db = open_when_released(dir)?;
         let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
         db.make_durable().map_err(sync_err)?;
         sync_path(&dir.join("conf")).map_err(sync_err)?;
@@ -408,7 +408,7 @@ impl Store {
         // The old handles go first: sled holds a lock on its files while open.
         drop(guard.take());
         let dir = &self.inner.dir;
-        let db = Db::open(dir)?;
+        let db = open_when_released(dir)?;
         let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
         db.meta.insert(META_REOPENED, now_bytes().as_slice()).map_err(|e| sync_err(sled_io(e)))?;
         self.durable(&db).map_err(|(Failure::Plain(e) | Failure::Poison(e))| e)?;
@@ -547,6 +547,24 @@ impl Store {
             db.meta.insert(META_BOOT_ID, boot_id.as_bytes()).map_err(db_err("store the boot ID"))?;
             self.durable(db)
         })
+    }
+}
+
+/// Opens the database in `dir`, waiting up to a second for the lock on its files to be
+/// released: right after the old handles are dropped, sled's own threads (or a child that a
+/// fork copied the descriptor into, until it execs) can hold it a moment longer.
+fn open_when_released(dir: &Path) -> Result<Db, StateError> {
+    let mut tries = 0;
+    loop {
+        match Db::open(dir) {
+            Err(StateError::Open { source: sled::Error::Io(io), .. })
+                if tries < 20 && (io.kind() == io::ErrorKind::WouldBlock || io.to_string().contains("lock")) =>
+            {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
     }
 }
 
