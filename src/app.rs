@@ -148,8 +148,13 @@ pub async fn run_signalling(
         Some(p) => p.clone(),
         None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra")),
     };
-    let preparer =
-        Preparer::new(store, inventory_rx.clone(), cluster.clone(), PrepareSettings::from_config(&config, hook_binary));
+    let preparer = Preparer::new(
+        store,
+        inventory_rx.clone(),
+        cluster.clone(),
+        PrepareSettings::from_config(&config, hook_binary),
+        backend.clone(),
+    );
     let store_health = preparer.store().health();
     let recovering = preparer.clone();
     let report = tokio::task::spawn_blocking(move || recovering.recover())

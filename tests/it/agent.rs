@@ -8,3 +8,4 @@ mod offline;
 mod pool;
 mod preparing;
 mod publishing;
+mod sharing;

@@ -4,5 +4,6 @@
 pub mod agent;
 pub mod apiserver;
 pub mod kubelet;
+pub mod nvidia_smi;
 pub mod nvml;
 pub mod procfs;
