@@ -103,6 +103,15 @@ pub struct Serving {
     pub registration_socket: PathBuf,
 }
 
+impl Serving {
+    fn of(plugin: &PluginServer) -> Self {
+        Serving {
+            dra_socket: plugin.dra_socket().to_path_buf(),
+            registration_socket: plugin.registration_socket().to_path_buf(),
+        }
+    }
+}
+
 /// Runs the agent until `shutdown` turns true.
 pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<(), AppError> {
     run_signalling(config, shutdown, None).await
@@ -115,16 +124,10 @@ pub async fn run_signalling(
     mut shutdown: watch::Receiver<bool>,
     ready: Option<oneshot::Sender<Serving>>,
 ) -> Result<(), AppError> {
-    let client = Client::from_config(&config).map_err(|e| {
-        if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
-    })?;
+    let client = client_from_config(&config)?;
     info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::util::VERSION);
-    let metrics_listener = match config.metrics.address {
-        Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
-        None => None,
-    };
-
-    // One agent per node: before anything touches the sockets, the CDI specs or the state.
+    // One agent per node: before anything touches the sockets, the CDI specs, the state or
+    // the metrics port (so a second instance is told what really stops it).
     let lock_paths = crate::instance::lock_paths(
         &config.paths.plugin_dir(&config.driver_name),
         &config.paths.cdi_dynamic_dir,
@@ -132,42 +135,20 @@ pub async fn run_signalling(
     );
     let _instance = crate::instance::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?;
 
+    let metrics_listener = match config.metrics.address {
+        Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
+        None => None,
+    };
+
     let backend: Arc<dyn DeviceBackend> =
         Arc::from(inventory::backend_from_config(&config).map_err(anyhow::Error::new)?);
     let first = discover(&backend).await.map_err(anyhow::Error::new)?;
     info!(backend = backend.name(), devices = first.devices.len(), "devices discovered");
     let (inventory_tx, inventory_rx) = watch::channel(Arc::new(first));
 
-    let state_dir = config.paths.state_dir.clone();
-    let store = tokio::task::spawn_blocking(move || Store::open(&state_dir))
-        .await
-        .map_err(|e| anyhow::anyhow!("opening the state database failed: {e}"))?
-        .map_err(anyhow::Error::new)?;
     let cluster = Arc::new(Cluster::new(client.clone()));
-    let hook_binary = match &config.paths.cdi_hook_binary {
-        Some(p) => p.clone(),
-        None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra")),
-    };
-    let preparer = Preparer::new(
-        store,
-        inventory_rx.clone(),
-        cluster.clone(),
-        PrepareSettings::from_config(&config, hook_binary),
-        backend.clone(),
-    );
+    let preparer = open_and_recover(&config, inventory_rx.clone(), cluster.clone(), backend.clone()).await?;
     let store_health = preparer.store().health();
-    let recovering = preparer.clone();
-    let report = tokio::task::spawn_blocking(move || recovering.recover())
-        .await
-        .map_err(|e| anyhow::anyhow!("recovery failed: {e}"))?
-        .map_err(anyhow::Error::new)?;
-    info!(
-        rebooted = report.rebooted,
-        rolled_back = report.rolled_back.len(),
-        rewritten = report.rewritten.len(),
-        orphans_removed = report.orphans_removed.len(),
-        "state recovered"
-    );
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let calls = CallMetrics::new();
@@ -176,11 +157,7 @@ pub async fn run_signalling(
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
     if let Some(ready) = ready {
-        let serving = Serving {
-            dra_socket: plugin.dra_socket().to_path_buf(),
-            registration_socket: plugin.registration_socket().to_path_buf(),
-        };
-        let _ = ready.send(serving);
+        let _ = ready.send(Serving::of(&plugin));
     }
 
     let (status_tx, status_rx) = watch::channel(PublishStatus::default());
@@ -204,22 +181,8 @@ pub async fn run_signalling(
             Readiness { registration: plugin.registration(), publish: status_rx.clone(), state: store_health };
         listener.serve(Endpoints { metrics: Metrics::new(&calls, sources), readiness }, shutdown.clone())
     });
-    let notifier = match Notifier::from_process_env() {
-        Ok(n) => n.map(Arc::new),
-        Err(e) => {
-            warn!(error = %e, "cannot talk to systemd's notify socket; readiness is not reported to systemd");
-            None
-        }
-    };
-    let watchdog = notifier.clone().map(|n| {
-        let mut stop = shutdown.clone();
-        tokio::spawn(async move {
-            n.run_watchdog(async move {
-                let _ = stop.wait_for(|stop| *stop).await;
-            })
-            .await
-        })
-    });
+    let notifier = systemd_notifier();
+    let watchdog = notifier.clone().map(|n| tokio::spawn(ping_watchdog(n, shutdown.clone())));
     let readiness =
         tokio::spawn(report_readiness(plugin.registration(), status_rx, notifier.clone(), shutdown.clone()));
 
@@ -234,6 +197,68 @@ pub async fn run_signalling(
     }
     info!("stopped");
     Ok(())
+}
+
+/// The API client; credentials that cannot be used are a configuration error (exit 64).
+fn client_from_config(config: &Config) -> Result<Client, AppError> {
+    Client::from_config(config).map_err(|e| {
+        if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
+    })
+}
+
+/// Opens the state database and recovers it (rolls back unfinished prepares, rewrites
+/// missing specs, sweeps orphans) before anything is served.
+async fn open_and_recover(
+    config: &Config,
+    inventory: watch::Receiver<Arc<Inventory>>,
+    cluster: Arc<Cluster>,
+    compute_modes: Arc<dyn crate::gpu::ComputeModes>,
+) -> Result<Preparer, AppError> {
+    let state_dir = config.paths.state_dir.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&state_dir))
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the state database failed: {e}"))?
+        .map_err(anyhow::Error::new)?;
+    let hook_binary = match &config.paths.cdi_hook_binary {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra")),
+    };
+    let preparer =
+        Preparer::new(store, inventory, cluster, PrepareSettings::from_config(config, hook_binary), compute_modes);
+    let recovering = preparer.clone();
+    let report = tokio::task::spawn_blocking(move || recovering.recover())
+        .await
+        .map_err(|e| anyhow::anyhow!("recovery failed: {e}"))?
+        .map_err(anyhow::Error::new)?;
+    info!(
+        rebooted = report.rebooted,
+        rolled_back = report.rolled_back.len(),
+        rewritten = report.rewritten.len(),
+        orphans_removed = report.orphans_removed.len(),
+        gpus_reapplied = report.gpus_reapplied.len(),
+        "state recovered"
+    );
+    Ok(preparer)
+}
+
+/// systemd's notification socket, when edra runs under it with `Type=notify`.
+fn systemd_notifier() -> Option<Arc<Notifier>> {
+    match Notifier::from_process_env() {
+        Ok(n) => n.map(Arc::new),
+        Err(e) => {
+            warn!(error = %e, "cannot talk to systemd's notify socket; readiness is not reported to systemd");
+            None
+        }
+    }
+}
+
+/// Pings systemd's watchdog (when it asks for that) until shutdown.
+async fn ping_watchdog(notifier: Arc<Notifier>, mut shutdown: watch::Receiver<bool>) {
+    notifier
+        .run_watchdog(async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        })
+        .await
 }
 
 /// Re-opens the state store whenever it is poisoned (a change could not be made durable),

@@ -89,13 +89,26 @@ fn human(bytes: u64) -> String {
     if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
+/// What the state check found: the worst status so far, notes and fixes.
+struct Findings {
+    status: Status,
+    notes: Vec<String>,
+    fixes: Vec<String>,
+}
+
+impl Findings {
+    fn warn(&mut self, note: String, fix: impl Into<String>) {
+        self.status = self.status.max(Status::Warn);
+        self.notes.push(note);
+        self.fixes.push(fix.into());
+    }
+}
+
 /// Check 8: the state directory at `dir`; `spec_uids` are the claims of edra's CDI spec
 /// files, compared with the prepared claims when the database can be read.
 pub fn state_dir(dir: &Path, proc_root: &Path, spec_uids: &[String]) -> CheckResult {
     let shown = dir.display();
-    let mut status = Status::Pass;
-    let mut notes: Vec<String> = Vec::new();
-    let mut fixes: Vec<String> = Vec::new();
+    let mut found = Findings { status: Status::Pass, notes: Vec::new(), fixes: Vec::new() };
     let Some(existing) = nearest_existing(dir) else {
         return CheckResult::new(NAME, Status::Fail, format!("no part of {shown} exists"), "check paths.state_dir");
     };
@@ -108,89 +121,111 @@ pub fn state_dir(dir: &Path, proc_root: &Path, spec_uids: &[String]) -> CheckRes
                 "run edra as root, or set paths.state_dir (--state-dir) to a writable directory",
             );
         }
-        notes.push(format!("{shown} does not exist yet; edra creates it (mode 0700) at start"));
-    } else {
-        let meta = match std::fs::metadata(dir) {
-            Ok(m) if m.is_dir() => m,
-            _ => {
-                return CheckResult::new(
-                    NAME,
-                    Status::Fail,
-                    format!("{shown} is not a directory"),
-                    "check paths.state_dir",
-                );
-            }
-        };
-        let mode = meta.permissions().mode() & 0o7777;
-        if mode & 0o077 != 0 {
-            status = Status::Warn;
-            notes.push(format!("{shown} has mode {mode:04o}, not 0700"));
-            fixes.push(format!("chmod 700 {shown} (edra also resets it at start)"));
-        } else {
-            notes.push(format!("{shown} (mode {mode:04o})"));
-        }
-        let db = dir.join("db");
-        if !db.exists() {
-            notes.push("no database yet; edra creates it at start".into());
-        } else {
-            match lock_state(&db, proc_root) {
-                Ok(Lock::Held(pid)) => {
-                    let by = pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
-                    notes.push(format!("database in use by a running edra{by}; not opened"));
-                }
-                Ok(Lock::Free) => match Store::open(dir) {
-                    Ok(store) => {
-                        let schema = store.schema_version().map(|v| v.to_string()).unwrap_or_else(|_| "unknown".into());
-                        match store.claims() {
-                            Ok(c) => {
-                                notes.push(format!("schema {schema}, {} prepared claims", c.len()));
-                                let orphans = spec_uids.iter().filter(|u| !c.iter().any(|r| &r.uid == *u)).count();
-                                if orphans > 0 {
-                                    status = status.max(Status::Warn);
-                                    notes.push(format!("{orphans} CDI spec files of claims edra does not record"));
-                                    fixes.push("edra removes orphaned spec files at start: restart it".into());
-                                }
-                            }
-                            Err(e) => {
-                                status = status.max(Status::Warn);
-                                notes.push(format!("schema {schema}; {}", crate::util::error_chain(&e)));
-                                fixes.push("upgrade edra, or move the state directory aside".into());
-                            }
-                        }
-                    }
-                    Err(StateError::Open { ref source, .. }) if source.to_string().contains("lock") => {
-                        notes.push("database in use by a running edra; not opened".into());
-                    }
-                    Err(e) => {
-                        return CheckResult::new(
-                            NAME,
-                            Status::Fail,
-                            crate::util::error_chain(&e),
-                            "run as root; a corrupt or newer database: move the state directory aside",
-                        );
-                    }
-                },
-                Err(e) => {
-                    return CheckResult::new(
-                        NAME,
-                        Status::Fail,
-                        format!("cannot open {}: {e}", db.display()),
-                        "run edra doctor as root (the user edra runs as)",
-                    );
-                }
-            }
-        }
+        found.notes.push(format!("{shown} does not exist yet; edra creates it (mode 0700) at start"));
+    } else if let Err(failed) = existing_dir(dir, proc_root, spec_uids, &mut found) {
+        return failed;
     }
     match free_bytes(existing) {
-        Some(free) if free < LOW_SPACE_BYTES => {
-            status = status.max(Status::Warn);
-            notes.push(format!("only {} free", human(free)));
-            fixes.push("free disk space: edra cannot record prepared claims on a full disk".into());
-        }
-        Some(free) => notes.push(format!("{} free", human(free))),
+        Some(free) if free < LOW_SPACE_BYTES => found.warn(
+            format!("only {} free", human(free)),
+            "free disk space: edra cannot record prepared claims on a full disk",
+        ),
+        Some(free) => found.notes.push(format!("{} free", human(free))),
         None => {}
     }
-    CheckResult::new(NAME, status, notes.join("; "), fixes.join("; "))
+    CheckResult::new(NAME, found.status, found.notes.join("; "), found.fixes.join("; "))
+}
+
+/// The state directory as it is: its mode, then the database in it.
+fn existing_dir(dir: &Path, proc_root: &Path, spec_uids: &[String], found: &mut Findings) -> Result<(), CheckResult> {
+    let shown = dir.display();
+    let meta = match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => m,
+        _ => {
+            return Err(CheckResult::new(
+                NAME,
+                Status::Fail,
+                format!("{shown} is not a directory"),
+                "check paths.state_dir",
+            ));
+        }
+    };
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        found.warn(
+            format!("{shown} has mode {mode:04o}, not 0700"),
+            format!("chmod 700 {shown} (edra also resets it at start)"),
+        );
+    } else {
+        found.notes.push(format!("{shown} (mode {mode:04o})"));
+    }
+    let db = dir.join("db");
+    if !db.exists() {
+        found.notes.push("no database yet; edra creates it at start".into());
+        return Ok(());
+    }
+    database(dir, &db, proc_root, spec_uids, found)
+}
+
+/// The database: left alone while a running edra holds it, otherwise opened to compare its
+/// prepared claims with the spec files.
+fn database(
+    dir: &Path,
+    db: &Path,
+    proc_root: &Path,
+    spec_uids: &[String],
+    found: &mut Findings,
+) -> Result<(), CheckResult> {
+    match lock_state(db, proc_root) {
+        Ok(Lock::Held(pid)) => {
+            let by = pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+            found.notes.push(format!("database in use by a running edra{by}; not opened"));
+        }
+        Ok(Lock::Free) => match Store::open(dir) {
+            Ok(store) => recorded_claims(&store, spec_uids, found),
+            Err(StateError::Open { ref source, .. }) if source.to_string().contains("lock") => {
+                found.notes.push("database in use by a running edra; not opened".into());
+            }
+            Err(e) => {
+                return Err(CheckResult::new(
+                    NAME,
+                    Status::Fail,
+                    crate::util::error_chain(&e),
+                    "run as root; a corrupt or newer database: move the state directory aside",
+                ));
+            }
+        },
+        Err(e) => {
+            return Err(CheckResult::new(
+                NAME,
+                Status::Fail,
+                format!("cannot open {}: {e}", db.display()),
+                "run edra doctor as root (the user edra runs as)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The schema and prepared claims of an opened store, and spec files no claim accounts for.
+fn recorded_claims(store: &Store, spec_uids: &[String], found: &mut Findings) {
+    let schema = store.schema_version().map(|v| v.to_string()).unwrap_or_else(|_| "unknown".into());
+    match store.claims() {
+        Ok(c) => {
+            found.notes.push(format!("schema {schema}, {} prepared claims", c.len()));
+            let orphans = spec_uids.iter().filter(|u| !c.iter().any(|r| &r.uid == *u)).count();
+            if orphans > 0 {
+                found.warn(
+                    format!("{orphans} CDI spec files of claims edra does not record"),
+                    "edra removes orphaned spec files at start: restart it",
+                );
+            }
+        }
+        Err(e) => found.warn(
+            format!("schema {schema}; {}", crate::util::error_chain(&e)),
+            "upgrade edra, or move the state directory aside",
+        ),
+    }
 }
 
 #[cfg(test)]

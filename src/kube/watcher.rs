@@ -116,86 +116,103 @@ impl Watcher {
             if let Some(d) = self.delay.take() {
                 tokio::time::sleep(d).await;
             }
-            match std::mem::replace(&mut self.state, State::Empty) {
-                State::Empty => match self.client.list_slices(self.api, &self.selector).await {
-                    Ok(list) => {
-                        self.backoff.reset();
-                        self.state = State::Listed { rv: list.resource_version };
-                        return Event::Restarted(list.items);
-                    }
-                    Err(e) => return self.fail(State::Empty, e),
-                },
-                State::Listed { rv } => {
-                    let timeout = self.client.inner.settings.watch_timeout_seconds;
-                    let req = request::watch_slices(self.api, &self.selector, &rv, timeout);
-                    match self.client.stream(req).await {
-                        Ok(body) => {
-                            self.state = State::Watching { rv, body, lines: LineBuffer::default(), got_any: false }
-                        }
-                        Err(e) if e.is_gone() => tracing::debug!(%rv, "watch version gone; relisting"),
-                        Err(e) => return self.fail(State::Listed { rv }, e),
-                    }
-                }
-                State::Watching { rv, mut body, mut lines, got_any } => {
-                    if let Some(line) = lines.next_line() {
-                        match self.handle_line(rv, &line) {
-                            (next, Some(Event::Error(e))) => return self.fail(next, e),
-                            (next, ev) => {
-                                self.state = match next {
-                                    State::Listed { rv } => State::Watching { rv, body, lines, got_any: true },
-                                    other => other,
-                                };
-                                if let Some(ev) = ev {
-                                    self.backoff.reset();
-                                    return ev;
-                                }
-                            }
-                        }
-                        continue;
-                    }
-                    // Bookmarks arrive about once a minute and the server ends the watch after
-                    // timeoutSeconds, so silence beyond that means a dead connection.
-                    let settings = &self.client.inner.settings;
-                    let idle =
-                        Duration::from_secs(u64::from(settings.watch_timeout_seconds)) + settings.request_timeout;
-                    let frame = match tokio::time::timeout(idle, body.frame()).await {
-                        Ok(frame) => frame,
-                        Err(_) => {
-                            let err = Error::Timeout { operation: "WATCH resourceslices".into(), after: idle };
-                            return self.fail(State::Listed { rv }, err);
-                        }
-                    };
-                    match frame {
-                        None => {
-                            if !got_any {
-                                // Closed without a single line: do not spin on a server that hangs up.
-                                self.delay = Some(self.backoff.next_delay());
-                            }
-                            self.state = State::Listed { rv };
-                        }
-                        Some(Err(e)) => {
-                            let err =
-                                Error::Transport { operation: "WATCH resourceslices".into(), source: Box::new(e) };
-                            return self.fail(State::Listed { rv }, err);
-                        }
-                        Some(Ok(frame)) => {
-                            if let Some(data) = frame.data_ref() {
-                                self.client.record_received(data.len());
-                                lines.push(data);
-                            }
-                            if lines.pending() > MAX_LINE {
-                                let err = Error::Convert {
-                                    operation: "WATCH resourceslices".into(),
-                                    problem: format!("a watch event is longer than {MAX_LINE} bytes"),
-                                };
-                                return self.fail(State::Listed { rv }, err);
-                            }
-                            self.state = State::Watching { rv, body, lines, got_any };
-                        }
-                    }
-                }
+            let event = match std::mem::replace(&mut self.state, State::Empty) {
+                State::Empty => Some(self.list().await),
+                State::Listed { rv } => self.start_watch(rv).await,
+                State::Watching { rv, body, lines, got_any } => self.read_watch(rv, body, lines, got_any).await,
+            };
+            if let Some(event) = event {
+                return event;
             }
         }
+    }
+
+    /// `Empty`: list, emitting the full set.
+    async fn list(&mut self) -> Event {
+        match self.client.list_slices(self.api, &self.selector).await {
+            Ok(list) => {
+                self.backoff.reset();
+                self.state = State::Listed { rv: list.resource_version };
+                Event::Restarted(list.items)
+            }
+            Err(e) => self.fail(State::Empty, e),
+        }
+    }
+
+    /// `Listed`: open a watch from `rv`; an expired version relists.
+    async fn start_watch(&mut self, rv: String) -> Option<Event> {
+        let timeout = self.client.inner.settings.watch_timeout_seconds;
+        let req = request::watch_slices(self.api, &self.selector, &rv, timeout);
+        match self.client.stream(req).await {
+            Ok(body) => self.state = State::Watching { rv, body, lines: LineBuffer::default(), got_any: false },
+            Err(e) if e.is_gone() => tracing::debug!(%rv, "watch version gone; relisting"),
+            Err(e) => return Some(self.fail(State::Listed { rv }, e)),
+        }
+        None
+    }
+
+    /// `Watching`: the next complete line, else the next frame of the body.
+    async fn read_watch(
+        &mut self,
+        rv: String,
+        mut body: Incoming,
+        mut lines: LineBuffer,
+        got_any: bool,
+    ) -> Option<Event> {
+        if let Some(line) = lines.next_line() {
+            return match self.handle_line(rv, &line) {
+                (next, Some(Event::Error(e))) => Some(self.fail(next, e)),
+                (next, ev) => {
+                    self.state = match next {
+                        State::Listed { rv } => State::Watching { rv, body, lines, got_any: true },
+                        other => other,
+                    };
+                    if ev.is_some() {
+                        self.backoff.reset();
+                    }
+                    ev
+                }
+            };
+        }
+        // Bookmarks arrive about once a minute and the server ends the watch after
+        // timeoutSeconds, so silence beyond that means a dead connection.
+        let settings = &self.client.inner.settings;
+        let idle = Duration::from_secs(u64::from(settings.watch_timeout_seconds)) + settings.request_timeout;
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Ok(frame) => frame,
+            Err(_) => {
+                let err = Error::Timeout { operation: "WATCH resourceslices".into(), after: idle };
+                return Some(self.fail(State::Listed { rv }, err));
+            }
+        };
+        match frame {
+            None => {
+                if !got_any {
+                    // Closed without a single line: do not spin on a server that hangs up.
+                    self.delay = Some(self.backoff.next_delay());
+                }
+                self.state = State::Listed { rv };
+            }
+            Some(Err(e)) => {
+                let err = Error::Transport { operation: "WATCH resourceslices".into(), source: Box::new(e) };
+                return Some(self.fail(State::Listed { rv }, err));
+            }
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    self.client.record_received(data.len());
+                    lines.push(data);
+                }
+                if lines.pending() > MAX_LINE {
+                    let err = Error::Convert {
+                        operation: "WATCH resourceslices".into(),
+                        problem: format!("a watch event is longer than {MAX_LINE} bytes"),
+                    };
+                    return Some(self.fail(State::Listed { rv }, err));
+                }
+                self.state = State::Watching { rv, body, lines, got_any };
+            }
+        }
+        None
     }
 
     /// Apply one watch line. Returns the next state (`Listed{rv}` = keep watching from

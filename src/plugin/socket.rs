@@ -252,3 +252,28 @@ pub(crate) fn incoming(
         Some((next, (listener, path, connections)))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_live_socket_is_never_replaced_and_a_dead_one_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("dra.sock");
+        let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let before = fs::metadata(&path).unwrap().ino();
+        let err = bind(&path).unwrap_err();
+        assert!(
+            matches!(&err, PluginError::SocketInUse { pid: Some(p), .. } if *p == std::process::id()),
+            "the peer's pid comes from SO_PEERCRED: {err:?}"
+        );
+        assert!(err.to_string().contains(&format!("(pid {})", std::process::id())), "{err}");
+        assert_eq!(fs::metadata(&path).unwrap().ino(), before, "the live socket is left in place");
+        // Nobody listens any more: the file is stale and is replaced.
+        drop(live);
+        let bound = bind(&path).unwrap();
+        assert!(StdUnixStream::connect(&path).is_ok(), "the new socket listens");
+        drop(bound);
+    }
+}

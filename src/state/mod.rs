@@ -208,8 +208,36 @@ fn open_hint(e: &sled::Error) -> &'static str {
 
 fn sled_io(e: sled::Error) -> io::Error {
     match e {
-        sled::Error::Io(io) => io,
+        sled::Error::Io(io) => plain_io(io),
         other => io::Error::other(other.to_string()),
+    }
+}
+
+/// A failed read or transaction, its I/O error made plain.
+fn db_err(op: &'static str) -> impl Fn(sled::Error) -> StateError {
+    move |source| StateError::Db {
+        op,
+        source: match source {
+            sled::Error::Io(io) => sled::Error::Io(plain_io(io)),
+            other => other,
+        },
+    }
+}
+
+/// sled re-wraps some OS errors with their `Debug` text (`Os { code: 28, kind: ... }`);
+/// those become the plain OS error again ("No space left on device (os error 28)").
+fn plain_io(e: io::Error) -> io::Error {
+    if e.raw_os_error().is_some() {
+        return e;
+    }
+    let text = e.to_string();
+    let code = text
+        .strip_prefix("Os { code: ")
+        .map(|rest| rest.bytes().take_while(u8::is_ascii_digit).map(char::from).collect::<String>())
+        .and_then(|digits| digits.parse::<i32>().ok());
+    match code {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => e,
     }
 }
 
@@ -388,7 +416,7 @@ impl Store {
     pub(crate) fn raw_insert(&self, tree: &str, key: &[u8], value: &[u8]) {
         self.with_db(|db| {
             let t = if tree == "meta" { &db.meta } else { &db.claims };
-            t.insert(key, value).map_err(|source| StateError::Db { op: "insert (test)", source })?;
+            t.insert(key, value).map_err(db_err("insert (test)"))?;
             self.durable(db)
         })
         .expect("raw insert");
@@ -423,7 +451,7 @@ impl Store {
     /// The record of claim `uid`, if any.
     pub fn claim(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
         self.with_db(|db| {
-            let v = db.claims.get(uid.as_bytes()).map_err(|source| StateError::Db { op: "read a claim", source })?;
+            let v = db.claims.get(uid.as_bytes()).map_err(db_err("read a claim"))?;
             Ok(v.map(|b| {
                 record::decode_claim(&b).map_err(|source| StateError::Record { uid: uid.to_string(), source })
             })
@@ -436,7 +464,7 @@ impl Store {
         self.with_db(|db| {
             let mut out = Vec::new();
             for item in db.claims.iter() {
-                let (k, v) = item.map_err(|source| StateError::Db { op: "list claims", source })?;
+                let (k, v) = item.map_err(db_err("list claims"))?;
                 let uid = String::from_utf8_lossy(&k).into_owned();
                 out.push(record::decode_claim(&v).map_err(|source| StateError::Record { uid, source })?);
             }
@@ -447,8 +475,7 @@ impl Store {
     /// The UID of the claim holding `device`, if any.
     pub fn holder(&self, device: &str) -> Result<Option<String>, StateError> {
         self.with_db(|db| {
-            let v =
-                db.devices.get(device.as_bytes()).map_err(|source| StateError::Db { op: "read a device", source })?;
+            let v = db.devices.get(device.as_bytes()).map_err(db_err("read a device"))?;
             Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
         })
     }
@@ -576,8 +603,7 @@ impl Store {
     /// The schema version stored in the database (written when it was created).
     pub fn schema_version(&self) -> Result<u32, StateError> {
         self.with_db(|db| {
-            let v =
-                db.meta.get(META_SCHEMA).map_err(|source| StateError::Db { op: "read the schema version", source })?;
+            let v = db.meta.get(META_SCHEMA).map_err(db_err("read the schema version"))?;
             Ok(v.and_then(|b| std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok())).unwrap_or(SCHEMA_VERSION))
         })
     }
@@ -585,7 +611,7 @@ impl Store {
     /// The boot ID stored by the last start, if any.
     pub fn boot_id(&self) -> Result<Option<String>, StateError> {
         self.with_db(|db| {
-            let v = db.meta.get(META_BOOT_ID).map_err(|source| StateError::Db { op: "read the boot ID", source })?;
+            let v = db.meta.get(META_BOOT_ID).map_err(db_err("read the boot ID"))?;
             Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
         })
     }
@@ -593,9 +619,7 @@ impl Store {
     /// Stores the current boot ID, durably.
     pub fn set_boot_id(&self, boot_id: &str) -> Result<(), StateError> {
         self.with_db(|db| {
-            db.meta
-                .insert(META_BOOT_ID, boot_id.as_bytes())
-                .map_err(|source| StateError::Db { op: "store the boot ID", source })?;
+            db.meta.insert(META_BOOT_ID, boot_id.as_bytes()).map_err(db_err("store the boot ID"))?;
             self.durable(db)
         })
     }
@@ -609,7 +633,7 @@ fn now_bytes() -> Vec<u8> {
 fn tx_result<T>(r: Result<T, TransactionError<StateError>>, op: &'static str) -> Result<T, StateError> {
     r.map_err(|e| match e {
         TransactionError::Abort(e) => e,
-        TransactionError::Storage(source) => StateError::Db { op, source },
+        TransactionError::Storage(source) => db_err(op)(source),
     })
 }
 

@@ -231,3 +231,20 @@ fn a_failed_sync_poisons_the_store_until_it_is_reopened_from_disk() {
     assert_eq!(again.id().unwrap(), id);
     assert_eq!(again.holder("gpu-2").unwrap().as_deref(), Some("u3"));
 }
+
+#[test]
+fn os_errors_that_sled_wraps_in_debug_text_read_plainly() {
+    let wrapped = io::Error::new(
+        io::ErrorKind::StorageFull,
+        "Os { code: 28, kind: StorageFull, message: \"No space left on device\" }",
+    );
+    assert_eq!(plain_io(wrapped).to_string(), "No space left on device (os error 28)");
+    let other = io::Error::other("something else");
+    assert_eq!(plain_io(other).to_string(), "something else");
+    let e = db_err("read a claim")(sled::Error::Io(io::Error::other("Os { code: 5, kind: Uncategorized }")));
+    assert!(
+        crate::util::error_chain(&e).ends_with("Input/output error (os error 5)"),
+        "{}",
+        crate::util::error_chain(&e)
+    );
+}

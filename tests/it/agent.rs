@@ -4,8 +4,10 @@
 //! at every failpoint of prepare and unprepare. The harness is `support::agent`.
 
 mod crash;
+mod diskfull;
 mod offline;
 mod pool;
 mod preparing;
 mod publishing;
 mod sharing;
+mod single;

@@ -10,6 +10,7 @@ mod footprint;
 mod hook;
 mod inventory_nvml;
 mod kube_client;
+mod layers;
 mod manifests;
 mod metrics;
 mod packaging;

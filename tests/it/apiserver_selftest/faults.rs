@@ -44,13 +44,15 @@ async fn injected_errors_hit_only_matching_requests() -> Result<()> {
 #[tokio::test]
 async fn injected_delay_holds_the_answer() -> Result<()> {
     let (server, client) = start(Options::default()).await?;
-    server.inject(Fault::next(1, FaultAction::Delay(Duration::from_millis(300))).path_contains("/version"));
+    // Long enough that an undelayed request on a loaded machine stays well below it.
+    const DELAY: Duration = Duration::from_secs(2);
+    server.inject(Fault::next(1, FaultAction::Delay(DELAY)).path_contains("/version"));
     let started = Instant::now();
     assert_eq!(client.get("/version").await?.0, StatusCode::OK);
-    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(started.elapsed() >= DELAY);
     let started = Instant::now();
     assert_eq!(client.get("/version").await?.0, StatusCode::OK);
-    assert!(started.elapsed() < Duration::from_millis(300), "only the next request is delayed");
+    assert!(started.elapsed() < DELAY, "only the next request is delayed");
     Ok(())
 }
 
