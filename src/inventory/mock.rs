@@ -312,6 +312,21 @@ mod tests {
     }
 
     #[test]
+    fn compute_modes_are_kept_per_gpu_and_unknown_gpus_refused() {
+        use crate::gpu::{ComputeMode, ComputeModes, GpuError};
+        let backend = MockBackend::new(&config("node-a"));
+        let inv = backend.discover().unwrap();
+        let (a, b) = (&inv.devices[0].uuid, &inv.devices[1].uuid);
+        assert_eq!(backend.compute_mode(a).unwrap(), ComputeMode::Default, "as after a boot");
+        backend.set_compute_mode(a, ComputeMode::ExclusiveProcess).unwrap();
+        assert_eq!(backend.compute_mode(a).unwrap(), ComputeMode::ExclusiveProcess);
+        assert_eq!(backend.compute_mode(b).unwrap(), ComputeMode::Default);
+        // Clones share the modes, as handles of one machine do.
+        assert_eq!(backend.clone().compute_mode(a).unwrap(), ComputeMode::ExclusiveProcess);
+        assert!(matches!(backend.set_compute_mode("GPU-nope", ComputeMode::Default), Err(GpuError::UnknownGpu { .. })));
+    }
+
+    #[test]
     fn profiles_parse() {
         assert_eq!(parse_profile("1g.10gb"), Some((1, 1, 10)));
         assert_eq!(parse_profile("1c.3g.40gb"), Some((3, 1, 40)));

@@ -410,12 +410,16 @@ impl Store {
         self.inner.syncs_left.store(ok.unwrap_or(u64::MAX), std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Writes raw bytes into tree `claims` or `meta`, durably (tests only: records and
+    /// Writes raw bytes into tree `claims`, `gpu_changes` or `meta`, durably (tests only: records and
     /// versions no edra writes).
     #[cfg(test)]
     pub(crate) fn raw_insert(&self, tree: &str, key: &[u8], value: &[u8]) {
         self.with_db(|db| {
-            let t = if tree == "meta" { &db.meta } else { &db.claims };
+            let t = match tree {
+                "meta" => &db.meta,
+                "gpu_changes" => &db.gpu_changes,
+                _ => &db.claims,
+            };
             t.insert(key, value).map_err(db_err("insert (test)"))?;
             self.durable(db)
         })
