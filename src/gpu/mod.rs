@@ -7,7 +7,10 @@
 //!   backend's own memory.
 //! - [`timeslice::NvidiaSmi`]: the time-slice interval, through the host's `nvidia-smi`
 //!   (NVML has no call for it).
+//! - [`mps::MpsDaemons`]: per-claim MPS control daemons (start, check, stop); not used by
+//!   prepare yet.
 
+pub mod mps;
 #[cfg(test)]
 pub mod testing;
 pub mod timeslice;

@@ -119,3 +119,83 @@ impl super::ComputeModes for FileModes {
         Ok(())
     }
 }
+
+/// A stand-in for `nvidia-cuda-mps-control` (tests only). `-d` records its call and
+/// `CUDA_VISIBLE_DEVICES` in `mps.calls` beside the script and starts a daemon process that
+/// writes its pid file into `CUDA_MPS_PIPE_DIRECTORY`, logs into `CUDA_MPS_LOG_DIRECTORY`
+/// and runs until told to quit. Without `-d` it is the control client: it records the
+/// command read from stdin, fails like the real one when no daemon runs, and passes `quit`
+/// on. Files beside the script steer it: `mps.crash` (the daemon exits at once, logging
+/// why), `mps.hang` (it ignores `quit`), `mps.mute` (it never answers).
+pub const MPS_SCRIPT: &str = r#"#!/bin/sh
+dir=$(dirname "$0")
+pidfile="$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+case "$1" in
+-d)
+  echo "-d CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >> "$dir/mps.calls"
+  "$0" __daemon </dev/null >/dev/null 2>&1 &
+  exit 0 ;;
+__daemon)
+  log="$CUDA_MPS_LOG_DIRECTORY/control.log"
+  if [ -f "$dir/mps.crash" ]; then
+    echo "[stand-in] daemon failed: $(cat "$dir/mps.crash")" >> "$log"
+    exit 3
+  fi
+  echo $$ > "$pidfile"
+  echo "[stand-in] control daemon started for $CUDA_VISIBLE_DEVICES" >> "$log"
+  while :; do
+    if [ -f "$CUDA_MPS_PIPE_DIRECTORY/quit" ] && [ ! -f "$dir/mps.hang" ]; then
+      rm -f "$pidfile" "$CUDA_MPS_PIPE_DIRECTORY/quit"
+      echo "[stand-in] quit" >> "$log"
+      exit 0
+    fi
+    sleep 0.02
+  done ;;
+*)
+  read -r cmd
+  echo "$cmd" >> "$dir/mps.calls"
+  pid=$(cat "$pidfile" 2>/dev/null)
+  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null || [ -f "$dir/mps.mute" ]; then
+    echo "Cannot find MPS control daemon process" >&2
+    exit 1
+  fi
+  case "$cmd" in quit) touch "$CUDA_MPS_PIPE_DIRECTORY/quit" ;; esac
+  exit 0 ;;
+esac
+"#;
+
+/// The stand-in `nvidia-cuda-mps-control` in its own directory.
+pub struct FakeMpsControl {
+    /// The script.
+    pub path: PathBuf,
+}
+
+impl FakeMpsControl {
+    /// Writes the script as `<dir>/nvidia-cuda-mps-control` (dir is created).
+    pub fn install(dir: &Path) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir).expect("create the fake MPS control's directory");
+        let path = dir.join("nvidia-cuda-mps-control");
+        let tmp = dir.join(".nvidia-cuda-mps-control.tmp");
+        std::fs::write(&tmp, MPS_SCRIPT).expect("write the fake MPS control");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::rename(&tmp, &path).expect("install the fake MPS control");
+        Self { path }
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir().join("mps.calls"))
+            .map(|s| s.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    /// Creates steering file `name` (`mps.crash`, `mps.hang`, `mps.mute`) holding `text`.
+    pub fn set(&self, name: &str, text: &str) {
+        std::fs::write(self.dir().join(name), text).expect("write a steering file");
+    }
+
+    fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+}
