@@ -153,6 +153,7 @@ pub async fn run_signalling(
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let calls = CallMetrics::new();
     let options = PluginOptions { observer: Some(calls.clone()), ..PluginOptions::default() };
+    let gpu_changes = preparer.gpu_change_counts();
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
@@ -179,7 +180,9 @@ pub async fn run_signalling(
         };
         let readiness =
             Readiness { registration: plugin.registration(), publish: status_rx.clone(), state: store_health };
-        listener.serve(Endpoints { metrics: Metrics::new(&calls, sources), readiness }, shutdown.clone())
+        let mut metrics = Metrics::new(&calls, sources);
+        metrics.register_gpu_changes(gpu_changes);
+        listener.serve(Endpoints { metrics, readiness }, shutdown.clone())
     });
     let notifier = systemd_notifier();
     let watchdog = notifier.clone().map(|n| tokio::spawn(ping_watchdog(n, shutdown.clone())));

@@ -95,3 +95,43 @@ pub trait ComputeModes: Send + Sync {
     /// Sets the compute mode of the full GPU `uuid` (effective at once; not kept across reboots).
     fn set_compute_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError>;
 }
+
+/// A GPU setting edra changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting {
+    /// The compute mode (NVML).
+    ComputeMode,
+    /// The time-slice interval (nvidia-smi).
+    Timeslice,
+}
+
+/// How many GPU setting changes edra made or tried, for the metrics.
+#[derive(Debug, Default)]
+pub struct ChangeCounts {
+    counts: [std::sync::atomic::AtomicU64; 4],
+}
+
+impl ChangeCounts {
+    fn slot(setting: Setting, ok: bool) -> usize {
+        (match setting {
+            Setting::ComputeMode => 0,
+            Setting::Timeslice => 2,
+        }) + usize::from(!ok)
+    }
+
+    /// Counts one change of `setting` that succeeded (`ok`) or failed.
+    pub fn record(&self, setting: Setting, ok: bool) {
+        self.counts[Self::slot(setting, ok)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `(setting, outcome, count)` for every combination.
+    pub fn snapshot(&self) -> [(&'static str, &'static str, u64); 4] {
+        let n = |setting, ok| self.counts[Self::slot(setting, ok)].load(std::sync::atomic::Ordering::Relaxed);
+        [
+            ("compute_mode", "ok", n(Setting::ComputeMode, true)),
+            ("compute_mode", "failed", n(Setting::ComputeMode, false)),
+            ("timeslice", "ok", n(Setting::Timeslice, true)),
+            ("timeslice", "failed", n(Setting::Timeslice, false)),
+        ]
+    }
+}

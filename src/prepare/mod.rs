@@ -30,7 +30,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::watch;
 
 use crate::gpu::timeslice::{self, NvidiaSmi};
-use crate::gpu::{ComputeMode, ComputeModes, GpuError};
+use crate::gpu::{ChangeCounts, ComputeMode, ComputeModes, GpuError, Setting};
 use crate::inventory::Inventory;
 use crate::plugin::handler::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
 use crate::state::{ClaimRecord, GPU_CHANGE_SCHEMA, GpuChange, Phase, SCHEMA_VERSION, StateError, Store};
@@ -261,6 +261,7 @@ pub struct Preparer {
 struct Inner {
     store: Store,
     compute_modes: Arc<dyn ComputeModes>,
+    gpu_counts: Arc<ChangeCounts>,
     inventory: watch::Receiver<Arc<Inventory>>,
     claims: Arc<dyn ClaimSource>,
     settings: PrepareSettings,
@@ -315,6 +316,7 @@ impl Preparer {
             boot_id: read_boot_id(&settings.proc_root),
             store,
             compute_modes,
+            gpu_counts: Arc::default(),
             inventory,
             claims,
             settings,
@@ -332,6 +334,25 @@ impl Preparer {
     /// The state store.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// GPU setting changes made or tried so far (for the metrics).
+    pub fn gpu_change_counts(&self) -> Arc<ChangeCounts> {
+        self.inner.gpu_counts.clone()
+    }
+
+    /// Sets a compute mode, counting the outcome.
+    fn set_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError> {
+        let r = self.inner.compute_modes.set_compute_mode(uuid, mode);
+        self.inner.gpu_counts.record(Setting::ComputeMode, r.is_ok());
+        r
+    }
+
+    /// Sets a time-slice value, counting the outcome.
+    fn set_slice(&self, uuid: &str, value: u8) -> Result<(), GpuError> {
+        let r = self.inner.settings.nvidia_smi.set_timeslice(uuid, value);
+        self.inner.gpu_counts.record(Setting::Timeslice, r.is_ok());
+        r
     }
 
     /// The compute-mode control in use.
@@ -469,7 +490,6 @@ impl Preparer {
     /// durably before it is made (blocking I/O).
     fn time_slice(&self, uid: &str, gpus: &[plan::TimeSlicedGpu]) -> Result<(), PrepareError> {
         let modes = &self.inner.compute_modes;
-        let smi = &self.inner.settings.nvidia_smi;
         for g in gpus {
             let gpu_err = |action| gpu_error(action, &g.uuid);
             let previous = modes.compute_mode(&g.uuid).map_err(gpu_err("read the compute mode"))?;
@@ -484,9 +504,9 @@ impl Preparer {
                 timeslice: Some(value),
             })?;
             failpoint::hit("prepare-after-gpu-recorded");
-            modes.set_compute_mode(&g.uuid, ComputeMode::Default).map_err(gpu_err("set the compute mode"))?;
+            self.set_mode(&g.uuid, ComputeMode::Default).map_err(gpu_err("set the compute mode"))?;
             failpoint::hit("prepare-after-compute-mode");
-            smi.set_timeslice(&g.uuid, value).map_err(gpu_err("set the time-slice"))?;
+            self.set_slice(&g.uuid, value).map_err(gpu_err("set the time-slice"))?;
             failpoint::hit("prepare-after-timeslice");
             tracing::info!(claim.uid = uid, gpu = %g.uuid, interval = ?g.interval, "GPU time-sliced");
         }
@@ -497,8 +517,6 @@ impl Preparer {
     /// time-slice to the driver's default (0), then the compute mode as it was (blocking
     /// I/O). A GPU that is gone is skipped. The records stay; the caller drops them.
     fn restore_gpus(&self, uid: &str) -> Result<(), PrepareError> {
-        let modes = &self.inner.compute_modes;
-        let smi = &self.inner.settings.nvidia_smi;
         for c in self.inner.store.gpu_changes()?.into_iter().filter(|c| c.claim == uid) {
             let gpu_err = |action| gpu_error(action, &c.uuid);
             let gone = |r: Result<(), GpuError>| match r {
@@ -509,11 +527,10 @@ impl Preparer {
                 other => other,
             };
             if c.timeslice.is_some() {
-                smi.set_timeslice(&c.uuid, 0).map_err(gpu_err("reset the time-slice"))?;
+                self.set_slice(&c.uuid, 0).map_err(gpu_err("reset the time-slice"))?;
             }
             failpoint::hit("unprepare-after-timeslice-reset");
-            gone(modes.set_compute_mode(&c.uuid, c.previous_compute_mode))
-                .map_err(gpu_err("restore the compute mode"))?;
+            gone(self.set_mode(&c.uuid, c.previous_compute_mode)).map_err(gpu_err("restore the compute mode"))?;
             failpoint::hit("unprepare-after-compute-mode-restore");
             tracing::info!(claim.uid = uid, gpu = %c.uuid, compute_mode = ?c.previous_compute_mode, "GPU settings restored");
         }
@@ -524,14 +541,12 @@ impl Preparer {
     /// modes and intervals do not survive a reboot or a driver reload, and the claim's
     /// pods expect them.
     pub(crate) fn reapply_gpus(&self, uid: &str) -> Result<usize, PrepareError> {
-        let modes = &self.inner.compute_modes;
-        let smi = &self.inner.settings.nvidia_smi;
         let mut n = 0;
         for c in self.inner.store.gpu_changes()?.into_iter().filter(|c| c.claim == uid) {
             let gpu_err = |action| gpu_error(action, &c.uuid);
-            modes.set_compute_mode(&c.uuid, c.compute_mode).map_err(gpu_err("set the compute mode"))?;
+            self.set_mode(&c.uuid, c.compute_mode).map_err(gpu_err("set the compute mode"))?;
             if let Some(v) = c.timeslice {
-                smi.set_timeslice(&c.uuid, v).map_err(gpu_err("set the time-slice"))?;
+                self.set_slice(&c.uuid, v).map_err(gpu_err("set the time-slice"))?;
             }
             n += 1;
         }

@@ -38,6 +38,11 @@ async fn time_slicing_sets_compute_mode_and_interval_and_unprepare_restores_them
 
     assert_eq!(f.preparer.unprepare(vec![cref(UID1, "ts")]).await[UID1], Ok(()));
     assert_eq!(f.modes.mode(GPU0), ComputeMode::ExclusiveProcess, "the previous mode is back");
+    let counted = f.preparer.gpu_change_counts().snapshot();
+    assert_eq!(
+        counted,
+        [("compute_mode", "ok", 2), ("compute_mode", "failed", 0), ("timeslice", "ok", 2), ("timeslice", "failed", 0)]
+    );
     assert_eq!(f.smi.calls().last().unwrap(), &format!("compute-policy -i {GPU0} --set-timeslice=0"));
     assert!(f.preparer.store().gpu_changes().unwrap().is_empty());
     assert!(f.preparer.store().claim(UID1).unwrap().is_none());
@@ -57,6 +62,7 @@ async fn a_failing_nvidia_smi_fails_the_claim_and_rolls_the_gpu_back() {
     assert!(e.contains("exit status 4") && e.contains("Insufficient Permissions"), "{e}");
     ok(&r, UID2);
     assert_eq!(f.modes.mode(GPU0), ComputeMode::Prohibited, "the compute mode is put back");
+    assert_eq!(f.preparer.gpu_change_counts().snapshot()[3], ("timeslice", "failed", 1));
     assert_eq!(f.smi.calls().last().unwrap(), &format!("compute-policy -i {GPU0} --set-timeslice=0"));
     let store = f.preparer.store();
     assert!(store.claim(UID1).unwrap().is_none() && store.holder("gpu-0").unwrap().is_none());
