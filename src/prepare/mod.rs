@@ -515,7 +515,8 @@ impl Preparer {
 
     /// Puts back what the GPU change records of claim `uid` say edra changed: the
     /// time-slice to the driver's default (0), then the compute mode as it was (blocking
-    /// I/O). A GPU that is gone is skipped. The records stay; the caller drops them.
+    /// I/O). A GPU no longer in the inventory is skipped. The records stay; the caller drops
+    /// them.
     fn restore_gpus(&self, uid: &str) -> Result<(), PrepareError> {
         for c in self.inner.store.gpu_changes()?.into_iter().filter(|c| c.claim == uid) {
             let gpu_err = |action| gpu_error(action, &c.uuid);
@@ -526,6 +527,11 @@ impl Preparer {
                 }
                 other => other,
             };
+            if !self.gpu_present(&c.uuid) {
+                // Fallen off the bus or removed: nothing to restore, and nvidia-smi would fail forever.
+                tracing::warn!(claim.uid = uid, gpu = %c.uuid, "GPU is no longer on this node; nothing to restore on it");
+                continue;
+            }
             if c.timeslice.is_some() {
                 self.set_slice(&c.uuid, 0).map_err(gpu_err("reset the time-slice"))?;
             }
@@ -535,6 +541,16 @@ impl Preparer {
             tracing::info!(claim.uid = uid, gpu = %c.uuid, compute_mode = ?c.previous_compute_mode, "GPU settings restored");
         }
         Ok(())
+    }
+
+    /// Whether the full GPU `uuid` is in the current inventory (itself, or as the parent of
+    /// MIG devices).
+    fn gpu_present(&self, uuid: &str) -> bool {
+        let inventory = self.inner.inventory.borrow();
+        inventory
+            .devices
+            .iter()
+            .any(|d| d.uuid == uuid || matches!(&d.kind, crate::inventory::DeviceKind::Mig(m) if m.parent_uuid == uuid))
     }
 
     /// Sets again what the GPU change records of claim `uid` say (blocking I/O): compute

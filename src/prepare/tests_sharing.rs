@@ -170,3 +170,19 @@ async fn recovery_sets_a_prepared_claims_gpu_settings_again() {
     assert_eq!(f.preparer.unprepare(vec![cref(UID1, "ts")]).await[UID1], Ok(()));
     assert_eq!(f.modes.mode(GPU0), ComputeMode::ExclusiveProcess);
 }
+
+#[tokio::test]
+async fn a_gpu_that_is_gone_does_not_block_the_unprepare() {
+    let f = Fixture::new();
+    f.claims.put(claim(UID1, "ts", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([time_slicing(&[], "Short")])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "ts")]).await, UID1);
+    let calls = f.smi.calls().len();
+    // gpu-0 falls off the bus: nvidia-smi would fail for it from now on.
+    f.smi.fail(GPU0, "No devices were found");
+    let mut inv = (**f.inventory_tx.borrow()).clone();
+    inv.devices.retain(|d| d.name != "gpu-0");
+    f.inventory_tx.send_replace(Arc::new(inv));
+    assert_eq!(f.preparer.unprepare(vec![cref(UID1, "ts")]).await[UID1], Ok(()));
+    assert_eq!(f.smi.calls().len(), calls, "nothing is run for a GPU that is gone");
+    assert!(f.preparer.store().gpu_changes().unwrap().is_empty() && f.preparer.store().claims().unwrap().is_empty());
+}
