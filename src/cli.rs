@@ -90,8 +90,9 @@ pub enum HookCommand {
     /// Keep NVML in the container from creating device nodes.
     ///
     /// Reads the OCI container state on stdin. When the host's /proc/driver/nvidia/params
-    /// says ModifyDeviceFiles: 1, mounts a read-only copy saying 0 over the container's,
-    /// entering the container's mount namespace through its pid; otherwise does nothing.
+    /// says ModifyDeviceFiles: 1, mounts a read-only copy saying 0 over the container's, in
+    /// the mount namespace the hook runs in (a createContainer hook runs in the container's);
+    /// otherwise does nothing.
     DisableDeviceNodeModification(DisableDeviceNodeModificationArgs),
 }
 

@@ -3,18 +3,25 @@
 //!
 //! A container runtime runs each hook as a `createContainer` hook with the container's
 //! state JSON on stdin; this module reads it ([`read_state`]) for all hooks. The hook finds
-//! the container's root filesystem through the bundle's `config.json`. update-ldcache writes `/etc/ld.so.conf.d/00-edra-gpu.conf` listing the driver's library
-//! folders, makes sure `/etc/ld.so.conf` includes `ld.so.conf.d/*.conf`, and runs the host's
-//! `ldconfig -r <rootfs>` so the container's dynamic linker cache finds the libraries.
+//! the container's root filesystem through the bundle's `config.json`. Runtimes run these
+//! hooks in the container's mount namespace before pivot_root, with the host's filesystem
+//! still visible, so the rootfs is at its host path. update-ldcache writes
+//! `/etc/ld.so.conf.d/00-edra-gpu.conf` listing the driver's library folders, makes sure
+//! `/etc/ld.so.conf` includes `ld.so.conf.d/*.conf` (keeping its other bytes as they are,
+//! UTF-8 or not), and runs the host's `ldconfig -r <rootfs>` so the container's dynamic
+//! linker cache finds the libraries. When any step fails, the files it wrote are put back as
+//! they were ([`Undo`]), so a failed hook leaves the image as it found it.
 //!
-//! The host's ldconfig is used, never one from the image: the hook runs as root in the
-//! host's namespaces, and running a binary the image supplies there would hand the host to
-//! whoever built the image. Files inside the rootfs are written without following symlinks
-//! in the paths edra writes to, for the same reason. Exit codes: 2 for bad input (state,
-//! bundle, folders), 1 when writing the files or ldconfig fails.
+//! The host's ldconfig is used, never one from the image: the hook runs as root with the
+//! host's filesystem in view, and running a binary the image supplies there would hand the
+//! host to whoever built the image. Paths in the rootfs are resolved as inside the container
+//! (symlinks followed with `/` meaning the rootfs), and a symlink leading above the rootfs's
+//! top is refused, so nothing is written outside it. Exit codes: 2 for bad input (state,
+//! bundle, folders), 1 when reading or writing the files or ldconfig fails.
 
-use std::io::{self, Read};
-use std::os::unix::fs::DirBuilderExt;
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
@@ -77,6 +84,21 @@ pub enum HookError {
         /// The path in the rootfs.
         path: PathBuf,
     },
+    /// A symlink in the rootfs leads above its top (only meaningful on the host).
+    #[error("{} in the container is a symlink leading outside the container's root filesystem; refusing to follow it", path.display())]
+    Escapes {
+        /// The path in the rootfs.
+        path: PathBuf,
+    },
+    /// A file in the rootfs could not be read.
+    #[error("cannot read {} in the container", path.display())]
+    Read {
+        /// The path in the rootfs.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// A file in the rootfs could not be written.
     #[error("cannot write {} in the container", path.display())]
     Write {
@@ -101,16 +123,23 @@ pub enum HookError {
         /// The argument as given.
         link: String,
     },
-    /// The OCI state has no container process ID.
-    #[error("the container state on stdin has no pid; the hook must run as a createContainer hook")]
-    NoPid,
-    /// Entering the container's mount namespace or mounting in it failed.
-    #[error("cannot {op} for the container (pid {pid})")]
-    Namespace {
+    /// The container's `/proc` is not a procfs mount where the hook runs.
+    #[error(
+        "{} is not a procfs mount in this mount namespace; the hook must run as a createContainer hook, \
+         which the runtime runs in the container's mount namespace once its /proc is mounted",
+        path.display()
+    )]
+    NoProcfs {
+        /// `<rootfs>/proc`.
+        path: PathBuf,
+    },
+    /// Mounting in the container's mount namespace failed.
+    #[error("cannot {op} at {} in the container's mount namespace", path.display())]
+    Mount {
         /// What failed.
         op: &'static str,
-        /// The container's process.
-        pid: i32,
+        /// The mount point.
+        path: PathBuf,
         /// The cause.
         #[source]
         source: io::Error,
@@ -133,12 +162,14 @@ impl HookError {
             | Self::BundleJson { .. }
             | Self::Rootfs { .. }
             | Self::Folder { .. }
-            | Self::Link { .. }
-            | Self::NoPid => 2,
+            | Self::Link { .. } => 2,
             Self::Unsafe { .. }
+            | Self::Escapes { .. }
+            | Self::Read { .. }
             | Self::Write { .. }
             | Self::ReadHost { .. }
-            | Self::Namespace { .. }
+            | Self::NoProcfs { .. }
+            | Self::Mount { .. }
             | Self::NoLdconfig
             | Self::Ldconfig(_) => 1,
         }
@@ -148,25 +179,24 @@ impl HookError {
 #[derive(Deserialize)]
 struct State {
     bundle: PathBuf,
-    #[serde(default)]
-    pid: Option<i32>,
 }
 
 /// What the hooks need of the container's OCI state.
+///
+/// The state's `pid` is not used: runtimes disagree on it for `createContainer` hooks (runc
+/// reports the container's own view, 1; crun reports 0), and the hooks need no process,
+/// since they already run in the container's mount namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Container {
-    /// The root filesystem, as the host sees it.
+    /// The root filesystem, as the host sees it (and the hook, before pivot_root).
     pub rootfs: PathBuf,
-    /// The container's process (present from `createContainer` on).
-    pub pid: Option<i32>,
 }
 
 /// Reads the OCI state JSON (at most 1 MiB) from `stdin` and finds the container's rootfs.
 pub fn read_state(stdin: impl Read) -> Result<Container, HookError> {
     let mut state = Vec::new();
     stdin.take(1 << 20).read_to_end(&mut state).map_err(HookError::Stdin)?;
-    let pid = serde_json::from_slice::<State>(&state).map_err(HookError::State)?.pid.filter(|p| *p > 0);
-    Ok(Container { rootfs: rootfs_from_state(&state)?, pid })
+    Ok(Container { rootfs: rootfs_from_state(&state)? })
 }
 
 /// Runs the hook `command` with the container state on `stdin`.
@@ -215,64 +245,166 @@ pub fn check_folders(folders: &[PathBuf]) -> Result<(), HookError> {
     Ok(())
 }
 
-/// Makes sure `<root>/<rel>`'s parent folders exist as real folders (no symlinks) and
-/// that `rel` itself is not a symlink; returns the full path.
-fn safe_path(root: &Path, rel: &str) -> Result<PathBuf, HookError> {
-    let rel = Path::new(rel);
-    let mut cur = root.to_path_buf();
-    let parts: Vec<_> = rel.components().collect();
-    for (i, part) in parts.iter().enumerate() {
-        cur.push(part);
-        let last = i + 1 == parts.len();
-        match std::fs::symlink_metadata(&cur) {
-            Ok(m) if m.file_type().is_symlink() => return Err(HookError::Unsafe { path: cur }),
-            Ok(m) if !last && !m.is_dir() => return Err(HookError::Unsafe { path: cur }),
-            Ok(m) if last && !m.is_file() => return Err(HookError::Unsafe { path: cur }),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !last => std::fs::DirBuilder::new()
-                .mode(0o755)
-                .create(&cur)
-                .map_err(|source| HookError::Write { path: cur.clone(), source })?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => return Err(HookError::Write { path: cur, source }),
+/// A regular file's contents and metadata, as found before the hook changed it.
+type Before = Option<(Vec<u8>, std::fs::Metadata)>;
+
+/// What [`write_ld_conf`] changed in the rootfs, so a failed hook can put it back.
+#[derive(Debug, Default)]
+#[must_use = "roll back on failure"]
+pub struct Undo {
+    /// Folders created, parents first.
+    created_dirs: Vec<PathBuf>,
+    /// Files written, with what was there before (contents and metadata), in order.
+    files: Vec<(PathBuf, Before)>,
+}
+
+impl Undo {
+    /// Puts the rootfs back as it was: files restored (contents, mode, owner) or removed,
+    /// then the folders created removed. Best effort: the hook is failing anyway.
+    pub fn rollback(self) {
+        for (path, before) in self.files.into_iter().rev() {
+            let _ = match before {
+                Some((contents, meta)) => write_atomic(&path, &contents, Some(&meta)),
+                None => std::fs::remove_file(&path).map_err(|source| HookError::Write { path: path.clone(), source }),
+            };
+        }
+        for dir in self.created_dirs.into_iter().rev() {
+            let _ = std::fs::remove_dir(&dir);
         }
     }
-    Ok(cur)
 }
 
-fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), HookError> {
-    // A stale temp file (or a symlink planted under its name) is removed, and the new one
-    // is created exclusively without following symlinks.
-    let tmp = path.with_extension(format!("edra-tmp-{}", std::process::id()));
-    crate::util::write_atomically(path, &tmp, contents, 0o644)
-        .map_err(|source| HookError::Write { path: path.to_path_buf(), source })
-}
-
-/// Writes the conf files in `rootfs` (the testable core of the hook, without ldconfig).
-pub fn write_ld_conf(rootfs: &Path, folders: &[PathBuf]) -> Result<(), HookError> {
-    check_folders(folders)?;
-    let conf = safe_path(rootfs, CONF_FILE)?;
-    let mut body = String::from("# Written by edra's update-ldcache hook: the GPU driver's library folders.\n");
-    for f in folders {
-        body.push_str(&f.to_string_lossy());
-        body.push('\n');
-    }
-    write_atomic(&conf, body.as_bytes())?;
-    let main = safe_path(rootfs, "etc/ld.so.conf")?;
-    let existing = match std::fs::read_to_string(&main) {
-        Ok(s) => Some(s),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(source) => return Err(HookError::Write { path: main, source }),
+/// The contents and metadata of the regular file at `path`; `None` when it does not exist.
+/// Anything but a regular file is refused.
+fn read_regular(path: &Path) -> Result<Before, HookError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(HookError::Read { path: path.to_path_buf(), source }),
     };
-    let includes = existing.as_deref().is_some_and(|s| {
-        s.lines().any(|l| {
-            let l = l.trim();
-            l.starts_with("include") && l.contains("ld.so.conf.d/*.conf")
-        })
-    });
-    if !includes {
-        let new = format!("{INCLUDE_LINE}\n{}", existing.unwrap_or_default());
-        write_atomic(&main, new.as_bytes())?;
+    if !meta.is_file() {
+        return Err(HookError::Unsafe { path: path.to_path_buf() });
+    }
+    let contents = read_file(path)?;
+    Ok(Some((contents, meta)))
+}
+
+/// The largest file the hook reads (and may rewrite) in the rootfs.
+pub const MAX_FILE: u64 = 1 << 20;
+
+/// The bytes of `path` (opened without following a symlink); a file larger than
+/// [`MAX_FILE`] is an error, never truncated.
+fn read_file(path: &Path) -> Result<Vec<u8>, HookError> {
+    let err = |source| HookError::Read { path: path.to_path_buf(), source };
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).map_err(err)?;
+    let mut contents = Vec::new();
+    f.take(MAX_FILE + 1).read_to_end(&mut contents).map_err(err)?;
+    if contents.len() as u64 > MAX_FILE {
+        return Err(err(io::Error::other("the file is larger than 1 MiB, too large for a linker configuration")));
+    }
+    Ok(contents)
+}
+
+/// The file `path` (absolute, inside the container) as a host path under `rootfs`, resolved
+/// as inside the container: its folder and, when the file is a symlink, the link's target
+/// are followed within the rootfs; a link leading above the rootfs's top is refused.
+/// Folders created on the way are added to `created`.
+fn resolve_file(rootfs: &Path, path: &Path, created: &mut Vec<PathBuf>) -> Result<PathBuf, HookError> {
+    let mut path = path.to_path_buf();
+    for _ in 0..=symlinks::MAX_SYMLINKS {
+        let name = path.file_name().ok_or_else(|| HookError::Unsafe { path: rootfs.join(&path) })?.to_owned();
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        let host = symlinks::resolve_dir_with(rootfs, dir, symlinks::Escape::Refuse, created)?.join(&name);
+        match std::fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target =
+                    std::fs::read_link(&host).map_err(|source| HookError::Read { path: host.clone(), source })?;
+                // The link's folder as the container sees it, then the target from there.
+                let inside = Path::new("/").join(host.strip_prefix(rootfs).unwrap_or(&host));
+                let base = inside.parent().unwrap_or(Path::new("/"));
+                path = if target.is_absolute() { target } else { base.join(target) };
+            }
+            _ => return Ok(host),
+        }
+    }
+    Err(HookError::Unsafe { path: rootfs.join(path.strip_prefix("/").unwrap_or(&path)) })
+}
+
+/// Writes `contents` to `path` through a temp file renamed into place; with `like`, the new
+/// file gets that mode and owner (a replaced file keeps its own), else mode 0644.
+fn write_atomic(path: &Path, contents: &[u8], like: Option<&std::fs::Metadata>) -> Result<(), HookError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tmp = path.with_extension(format!("edra-tmp-{}", std::process::id()));
+    // A stale temp file (or a symlink planted under its name) is removed, and the new one
+    // is created exclusively without following symlinks, with the old file's owner and mode.
+    crate::util::replace_atomically(path, &tmp, |tmp| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(tmp)?;
+        f.write_all(contents)?;
+        let mode = like.map_or(0o644, |m| m.mode() & 0o7777);
+        if let Some(m) = like {
+            std::os::unix::fs::fchown(&f, Some(m.uid()), Some(m.gid()))?;
+        }
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.sync_all()
+    })
+    .map_err(|source| HookError::Write { path: path.to_path_buf(), source })
+}
+
+/// True when `conf` (an ld.so.conf, any bytes) has an `include` line for `ld.so.conf.d/*.conf`.
+pub fn includes_conf_d(conf: &[u8]) -> bool {
+    conf.split(|b| *b == b'\n').any(|line| {
+        let line = line.trim_ascii();
+        line.starts_with(b"include") && line.windows(19).any(|w| w == b"ld.so.conf.d/*.conf")
+    })
+}
+
+/// Writes the conf files in `rootfs` (the testable core of the hook, without ldconfig):
+/// `00-edra-gpu.conf` in the container's `/etc/ld.so.conf.d` and, when missing, the include
+/// line at the top of `/etc/ld.so.conf` (whose other bytes are kept as they are). Symlinks
+/// on the way are resolved as inside the container; one leading out of the rootfs is
+/// refused. On failure nothing is left changed; on success the returned [`Undo`] can still
+/// put everything back (when ldconfig fails).
+pub fn write_ld_conf(rootfs: &Path, folders: &[PathBuf]) -> Result<Undo, HookError> {
+    check_folders(folders)?;
+    let mut undo = Undo::default();
+    match write_ld_conf_into(rootfs, folders, &mut undo) {
+        Ok(()) => Ok(undo),
+        Err(e) => {
+            undo.rollback();
+            Err(e)
+        }
+    }
+}
+
+fn write_ld_conf_into(rootfs: &Path, folders: &[PathBuf], undo: &mut Undo) -> Result<(), HookError> {
+    let conf_dir = Path::new("/").join(CONF_FILE);
+    let conf_dir = conf_dir.parent().unwrap_or(Path::new("/etc/ld.so.conf.d"));
+    let conf = symlinks::resolve_dir_with(rootfs, conf_dir, symlinks::Escape::Refuse, &mut undo.created_dirs)?
+        .join(Path::new(CONF_FILE).file_name().unwrap_or_default());
+    let conf_before = read_regular(&conf)?;
+    let main = resolve_file(rootfs, Path::new("/etc/ld.so.conf"), &mut undo.created_dirs)?;
+    let main_before = read_regular(&main)?;
+
+    let mut body = b"# Written by edra's update-ldcache hook: the GPU driver's library folders.\n".to_vec();
+    for f in folders {
+        body.extend_from_slice(f.as_os_str().as_bytes());
+        body.push(b'\n');
+    }
+    if conf_before.as_ref().is_none_or(|(c, _)| *c != body) {
+        undo.files.push((conf.clone(), conf_before));
+        write_atomic(&conf, &body, None)?;
+    }
+    if !main_before.as_ref().is_some_and(|(c, _)| includes_conf_d(c)) {
+        let mut new = format!("{INCLUDE_LINE}\n").into_bytes();
+        new.extend_from_slice(main_before.as_ref().map_or(&[][..], |(c, _)| c));
+        let like = main_before.as_ref().map(|(_, m)| m.clone());
+        undo.files.push((main.clone(), main_before));
+        write_atomic(&main, &new, like.as_ref())?;
     }
     Ok(())
 }
@@ -305,13 +437,14 @@ pub fn run_ldconfig(ldconfig: &Path, rootfs: &Path) -> Result<(), HookError> {
     }
 }
 
-/// The whole `update-ldcache` hook: state from `stdin`, then conf files and ldconfig.
+/// The whole `update-ldcache` hook: state from `stdin`, then conf files and ldconfig. When
+/// any step fails, the conf files are put back as they were.
 pub fn update_ldcache(stdin: impl Read, folders: &[PathBuf], ldconfig: Option<&Path>) -> Result<(), HookError> {
     check_folders(folders)?;
     let rootfs = read_state(stdin)?.rootfs;
-    write_ld_conf(&rootfs, folders)?;
     let ldconfig = find_ldconfig(ldconfig)?;
-    run_ldconfig(&ldconfig, &rootfs)
+    let undo = write_ld_conf(&rootfs, folders)?;
+    run_ldconfig(&ldconfig, &rootfs).inspect_err(|_| undo.rollback())
 }
 
 #[cfg(test)]

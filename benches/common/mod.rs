@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use edra::config::{Config, LoadContext, Overrides};
+use edra::config::{Config, LoadContext, Overrides, Paths};
 use edra::plugin::proto::dra_v1 as v1;
 use edra::plugin::proto::registration::RegistrationStatus;
 use serde_json::Value;
@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, RequestRecord, TestApiServer};
 use crate::support::kubelet::{RawH2, percent_encoded};
+use crate::support::layout::{paths_toml, toml_path};
 
 /// The node every benchmark runs as.
 pub const NODE: &str = "n1";
@@ -94,6 +95,13 @@ impl Site {
         for sub in ["kubelet", "cdi", "state", "driver", "dev", "sys"] {
             std::fs::create_dir_all(d.join(sub)).expect("create a site directory");
         }
+        // The host's /proc, as on a node (boot ID, driver parameters).
+        let paths = Paths {
+            cdi_spec_dirs: vec![cdi_dir.clone()],
+            cdi_dynamic_dir: cdi_dir.clone(),
+            proc_root: "/proc".into(),
+            ..Paths::under(d)
+        };
         let toml = format!(
             r#"node_name = "{NODE}"
 backend = "mock"
@@ -102,22 +110,10 @@ backend = "mock"
 level = "{log}"
 
 [kubernetes]
-kubeconfig = "{kubeconfig}"
+kubeconfig = {kubeconfig}
 {rate_limit}
 
-[kubelet]
-root_dir = "{d}/kubelet"
-
-[cdi]
-spec_dirs = ["{cdi}"]
-dynamic_dir = "{cdi}"
-
-[paths]
-state_dir = "{d}/state"
-driver_root = "{d}/driver"
-dev_root = "{d}/dev"
-sys_root = "{d}/sys"
-
+{paths}
 [publish]
 rediscovery_interval = "{rediscovery}"
 
@@ -125,9 +121,8 @@ rediscovery_interval = "{rediscovery}"
 gpus = {gpus}
 "#,
             log = settings.log_level,
-            kubeconfig = kubeconfig.display(),
-            d = d.display(),
-            cdi = cdi_dir.display(),
+            kubeconfig = toml_path(&kubeconfig),
+            paths = paths_toml(&paths),
             rediscovery = settings.rediscovery,
             gpus = settings.gpus,
             rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),

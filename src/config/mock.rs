@@ -1,6 +1,7 @@
 //! The mock backend's settings (`[mock]`): GPUs that exist only in configuration.
 
-use super::source::{Raw, Reader, bytes, string, toml_value, uint};
+use super::bounds;
+use super::source::{Raw, Reader, bytes, string, toml_value};
 
 /// One mock GPU's MIG layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,19 +53,20 @@ impl Default for MockSettings {
 
 pub(super) fn read_mock(r: &mut Reader) -> MockSettings {
     let d = MockSettings::default();
-    let gpus = r.get("mock.gpus", d.gpus, |raw| match uint(raw)? {
-        n if n > 64 => Err(format!("at most 64 mock GPUs, found {n}")),
-        n => Ok(n as u32),
-    });
+    let gpus = r.get("mock.gpus", d.gpus, bounds::u32_in(bounds::MOCK_GPUS));
     let mut m = MockSettings {
         gpus,
         product_name: r.get("mock.product_name", d.product_name, nonempty_string),
-        memory: r.get("mock.memory", d.memory, bytes),
+        memory: r.get("mock.memory", d.memory, |raw| {
+            let (min, max) = bounds::MOCK_MEMORY;
+            match bytes(raw)? {
+                n if n < min || n > max => Err(format!("must be from 1Mi to 1024Ti bytes, found {n}")),
+                n => Ok(n),
+            }
+        }),
         architecture: r.get("mock.architecture", d.architecture, nonempty_string),
         cuda_compute_capability: r.get("mock.cuda_compute_capability", d.cuda_compute_capability, nonempty_string),
-        multiprocessors: r.get("mock.multiprocessors", d.multiprocessors, |raw| {
-            u32::try_from(uint(raw)?).map_err(|_| "too large".to_string())
-        }),
+        multiprocessors: r.get("mock.multiprocessors", d.multiprocessors, bounds::u32_in(bounds::MOCK_MULTIPROCESSORS)),
         driver_version: r.get("mock.driver_version", d.driver_version, nonempty_string),
         cuda_driver_version: r.get("mock.cuda_driver_version", d.cuda_driver_version, nonempty_string),
         mig: Vec::new(),
@@ -91,8 +93,8 @@ fn parse_mock_mig(v: &toml::Value, gpus: u32) -> Result<Vec<MockMig>, String> {
         let gpu = t
             .get("gpu")
             .and_then(|g| g.as_integer())
-            .filter(|g| *g >= 0)
-            .ok_or_else(|| format!("entry {i}: gpu must be a GPU index"))? as u32;
+            .and_then(|g| u32::try_from(g).ok())
+            .ok_or_else(|| format!("entry {i}: gpu must be a GPU index from 0 to {}", gpus.saturating_sub(1)))?;
         if gpu >= gpus {
             return Err(format!("entry {i}: gpu {gpu} does not exist (mock.gpus is {gpus})"));
         }

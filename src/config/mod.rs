@@ -7,6 +7,7 @@
 //! path edra uses is a key here, so tests run unprivileged against temp dirs.
 //! The documented example is `config/edra.toml`; docs/configuration.md lists every key.
 
+pub mod bounds;
 mod mock;
 pub mod source;
 
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 pub use mock::{MockMig, MockSettings, validate_mig_profile};
 pub use source::{Origin, Problem, Raw, Reader, env_name};
-use source::{abs_path, abs_path_list, boolean, duration, positive_f64, string, uint};
+use source::{abs_path, abs_path_list, boolean, string};
 
 /// The configuration file read when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/edra/config.toml";
@@ -348,69 +349,9 @@ impl Config {
                 .map_err(|e| format!("not a valid log filter {s:?}: {e}"))
         });
 
-        let kube = KubeSettings {
-            kubeconfig: r.opt("kubernetes.kubeconfig", |raw| {
-                let s = string(raw)?;
-                if s.is_empty() { Err("expected a path, found an empty string".into()) } else { Ok(PathBuf::from(s)) }
-            }),
-            context: r.opt("kubernetes.context", string),
-            qps: r.get("kubernetes.qps", 100.0, positive_f64),
-            burst: r.get("kubernetes.burst", 200, |raw| match uint(raw)? {
-                0 => Err("burst must be at least 1".into()),
-                n => u32::try_from(n).map_err(|_| format!("burst {n} is too large")),
-            }),
-            request_timeout: r.get("kubernetes.request_timeout", Duration::from_secs(30), positive_duration),
-            insecure_skip_tls_verify: r.get("kubernetes.insecure_skip_tls_verify", false, boolean),
-            k3s_kubelet_kubeconfig: r.get(
-                "kubernetes.k3s_kubelet_kubeconfig",
-                "/var/lib/rancher/k3s/agent/kubelet.kubeconfig".into(),
-                abs_path,
-            ),
-            k3s_server_kubeconfig: r.get(
-                "kubernetes.k3s_server_kubeconfig",
-                "/etc/rancher/k3s/k3s.yaml".into(),
-                abs_path,
-            ),
-            service_account_dir: r.get(
-                "kubernetes.service_account_dir",
-                "/var/run/secrets/kubernetes.io/serviceaccount".into(),
-                abs_path,
-            ),
-        };
+        let kube = read_kube(r);
 
-        let kubelet_root: PathBuf = r.get("kubelet.root_dir", "/var/lib/kubelet".into(), abs_path);
-        let plugins_dir = r.get("kubelet.plugins_dir", kubelet_root.join("plugins"), abs_path);
-        let registry_dir = r.get("kubelet.registry_dir", kubelet_root.join("plugins_registry"), abs_path);
-        let cdi_spec_dirs: Vec<PathBuf> =
-            r.get("cdi.spec_dirs", vec!["/etc/cdi".into(), "/var/run/cdi".into()], abs_path_list);
-        let cdi_dynamic_dir: PathBuf = r.get("cdi.dynamic_dir", "/var/run/cdi".into(), abs_path);
-        if !cdi_spec_dirs.iter().any(|d| d == &cdi_dynamic_dir) {
-            let origin = r.origin_of("cdi.dynamic_dir");
-            r.problem(
-                "cdi.dynamic_dir",
-                origin,
-                format!(
-                    "{} is not one of cdi.spec_dirs ({}); the container runtime would not see edra's specs",
-                    cdi_dynamic_dir.display(),
-                    cdi_spec_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
-                ),
-            );
-        }
-        let paths = Paths {
-            kubelet_root,
-            plugins_dir,
-            registry_dir,
-            cdi_spec_dirs,
-            cdi_dynamic_dir,
-            cdi_hook_binary: r.opt("cdi.hook_binary", abs_path),
-            state_dir: r.get("paths.state_dir", "/var/lib/edra".into(), abs_path),
-            driver_root: r.get("paths.driver_root", "/".into(), abs_path),
-            host_driver_root: r.opt("paths.host_driver_root", abs_path),
-            nvidia_smi: r.opt("paths.nvidia_smi", abs_path),
-            dev_root: r.get("paths.dev_root", "/dev".into(), abs_path),
-            proc_root: r.get("paths.proc_root", "/proc".into(), abs_path),
-            sys_root: r.get("paths.sys_root", "/sys".into(), abs_path),
-        };
+        let paths = read_paths(r);
         let nvml = NvmlSettings {
             library: r.get("nvml.library", "libnvidia-ml.so.1".into(), |raw| {
                 let s = string(raw)?;
@@ -427,8 +368,13 @@ impl Config {
             crio_config: r.get("runtime.crio_config", "/etc/crio/crio.conf".into(), abs_path),
             crio_config_dir: r.get("runtime.crio_config_dir", "/etc/crio/crio.conf.d".into(), abs_path),
         };
-        let rediscovery_interval = r.get("publish.rediscovery_interval", Duration::from_secs(60), positive_duration);
-        let shutdown_grace = r.get("plugin.shutdown_grace", Duration::from_secs(10), duration);
+        let rediscovery_interval = r.get(
+            "publish.rediscovery_interval",
+            Duration::from_secs(60),
+            bounds::duration_in(bounds::REDISCOVERY_INTERVAL),
+        );
+        let shutdown_grace =
+            r.get("plugin.shutdown_grace", Duration::from_secs(10), bounds::duration_in(bounds::SHUTDOWN_GRACE));
         let metrics = MetricsSettings {
             address: r.get("metrics.address", DEFAULT_METRICS_ADDRESS.parse().ok(), metrics_address),
         };
@@ -452,9 +398,72 @@ impl Config {
     }
 }
 
-fn positive_duration(raw: &Raw) -> Result<Duration, String> {
-    let d = duration(raw)?;
-    if d.is_zero() { Err("must be greater than zero".into()) } else { Ok(d) }
+/// `[kubernetes]`: credentials and the client's limits.
+fn read_kube(r: &mut Reader) -> KubeSettings {
+    KubeSettings {
+        kubeconfig: r.opt("kubernetes.kubeconfig", |raw| {
+            let s = string(raw)?;
+            if s.is_empty() { Err("expected a path, found an empty string".into()) } else { Ok(PathBuf::from(s)) }
+        }),
+        context: r.opt("kubernetes.context", string),
+        qps: r.get("kubernetes.qps", 100.0, bounds::f64_in(bounds::QPS)),
+        burst: r.get("kubernetes.burst", 200, bounds::u32_in(bounds::BURST)),
+        request_timeout: r.get(
+            "kubernetes.request_timeout",
+            Duration::from_secs(30),
+            bounds::duration_in(bounds::REQUEST_TIMEOUT),
+        ),
+        insecure_skip_tls_verify: r.get("kubernetes.insecure_skip_tls_verify", false, boolean),
+        k3s_kubelet_kubeconfig: r.get(
+            "kubernetes.k3s_kubelet_kubeconfig",
+            "/var/lib/rancher/k3s/agent/kubelet.kubeconfig".into(),
+            abs_path,
+        ),
+        k3s_server_kubeconfig: r.get("kubernetes.k3s_server_kubeconfig", "/etc/rancher/k3s/k3s.yaml".into(), abs_path),
+        service_account_dir: r.get(
+            "kubernetes.service_account_dir",
+            "/var/run/secrets/kubernetes.io/serviceaccount".into(),
+            abs_path,
+        ),
+    }
+}
+
+/// `[kubelet]`, `[cdi]` and `[paths]`: where edra finds and puts everything on the node;
+/// the dynamic CDI directory must be one the runtime reads.
+fn read_paths(r: &mut Reader) -> Paths {
+    let kubelet_root: PathBuf = r.get("kubelet.root_dir", "/var/lib/kubelet".into(), abs_path);
+    let plugins_dir = r.get("kubelet.plugins_dir", kubelet_root.join("plugins"), abs_path);
+    let registry_dir = r.get("kubelet.registry_dir", kubelet_root.join("plugins_registry"), abs_path);
+    let cdi_spec_dirs: Vec<PathBuf> =
+        r.get("cdi.spec_dirs", vec!["/etc/cdi".into(), "/var/run/cdi".into()], abs_path_list);
+    let cdi_dynamic_dir: PathBuf = r.get("cdi.dynamic_dir", "/var/run/cdi".into(), abs_path);
+    if !cdi_spec_dirs.iter().any(|d| d == &cdi_dynamic_dir) {
+        let origin = r.origin_of("cdi.dynamic_dir");
+        r.problem(
+            "cdi.dynamic_dir",
+            origin,
+            format!(
+                "{} is not one of cdi.spec_dirs ({}); the container runtime would not see edra's specs",
+                cdi_dynamic_dir.display(),
+                cdi_spec_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        );
+    }
+    Paths {
+        kubelet_root,
+        plugins_dir,
+        registry_dir,
+        cdi_spec_dirs,
+        cdi_dynamic_dir,
+        cdi_hook_binary: r.opt("cdi.hook_binary", abs_path),
+        state_dir: r.get("paths.state_dir", "/var/lib/edra".into(), abs_path),
+        driver_root: r.get("paths.driver_root", "/".into(), abs_path),
+        host_driver_root: r.opt("paths.host_driver_root", abs_path),
+        nvidia_smi: r.opt("paths.nvidia_smi", abs_path),
+        dev_root: r.get("paths.dev_root", "/dev".into(), abs_path),
+        proc_root: r.get("paths.proc_root", "/proc".into(), abs_path),
+        sys_root: r.get("paths.sys_root", "/sys".into(), abs_path),
+    }
 }
 
 /// Validates a DNS-1123 subdomain (lower case, ≤253, labels of `[a-z0-9-]` separated by `.`).

@@ -202,3 +202,67 @@ fn paths_under_a_directory_stay_inside_it_and_keep_the_kubelet_layout() {
     assert_eq!(p.host_driver_root, None);
     assert_eq!(p.cdi_hook_binary, None);
 }
+
+/// The one problem a single `key = value` override causes.
+fn problem_of(key: &str, value: &str) -> Option<String> {
+    let mut c = ctx(None, &[]);
+    c.overrides.push(key, value, format!("--set {key}={value}"));
+    match Config::load(&c) {
+        Ok(_) => None,
+        Err(problems) => {
+            assert_eq!(problems.len(), 1, "{key}={value}: {problems:?}");
+            assert_eq!(problems[0].key, key);
+            Some(problems[0].to_string())
+        }
+    }
+}
+
+#[test]
+fn durations_and_rates_out_of_range_name_the_key_and_the_range() {
+    let cases = [
+        ("kubernetes.request_timeout", "18446744073709551615", "from 1s to 5m"),
+        ("kubernetes.request_timeout", "0", "from 1s to 5m"),
+        ("kubernetes.request_timeout", "500ms", "from 1s to 5m"),
+        ("publish.rediscovery_interval", "18446744073709551615", "from 1s to 24h"),
+        ("publish.rediscovery_interval", "25h", "from 1s to 24h"),
+        ("plugin.shutdown_grace", "18446744073709551615", "from 0s to 10m"),
+        ("plugin.shutdown_grace", "11m", "from 0s to 10m"),
+        ("kubernetes.qps", "1e-300", "from 0.1 to 10000"),
+        ("kubernetes.qps", "0", "from 0.1 to 10000"),
+        ("kubernetes.qps", "1e9", "from 0.1 to 10000"),
+        ("kubernetes.burst", "0", "from 1 to 10000"),
+        ("kubernetes.burst", "4294967296", "from 1 to 10000"),
+        ("mock.gpus", "4294967296", "from 0 to 64"),
+        ("mock.gpus", "65", "from 0 to 64"),
+        ("mock.multiprocessors", "4294967296", "from 1 to 10000"),
+        ("mock.memory", "0", "from 1Mi to 1024Ti"),
+        ("mock.memory", "2000Ti", "from 1Mi to 1024Ti"),
+    ];
+    for (key, value, range) in cases {
+        let problem = problem_of(key, value).unwrap_or_else(|| panic!("{key} = {value} was accepted"));
+        assert!(problem.contains(&format!("--set {key}={value}: {key}: must be {range}")), "{problem}");
+    }
+    let fine = [
+        ("kubernetes.request_timeout", "1s"),
+        ("kubernetes.request_timeout", "5m"),
+        ("publish.rediscovery_interval", "24h"),
+        ("plugin.shutdown_grace", "0"),
+        ("plugin.shutdown_grace", "10m"),
+        ("kubernetes.qps", "0.1"),
+        ("kubernetes.burst", "1"),
+        ("mock.gpus", "0"),
+        ("mock.gpus", "64"),
+    ];
+    for (key, value) in fine {
+        assert_eq!(problem_of(key, value), None, "{key} = {value}");
+    }
+}
+
+#[test]
+fn a_mock_mig_gpu_index_is_never_wrapped() {
+    // 4294967296 as u32 would be 0, an existing GPU.
+    let f = write("[mock]\ngpus = 2\nmig = [{ gpu = 4294967296, profiles = [\"1g.10gb\"] }]\n");
+    let problems = Config::load(&ctx(Some(f.path().into()), &[])).unwrap_err();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].to_string().contains("gpu must be a GPU index from 0 to 1"), "{}", problems[0]);
+}

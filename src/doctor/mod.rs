@@ -153,18 +153,10 @@ pub fn write(report: &Report, json: bool, out: &mut dyn std::io::Write) -> Resul
 /// A configuration whose every path lies under `root`, plus `extra` key overrides.
 #[cfg(test)]
 pub(crate) fn test_config(root: &std::path::Path, extra: &[(&str, &str)]) -> Config {
-    use crate::config::{LoadContext, Overrides};
+    use crate::config::{LoadContext, Overrides, Paths};
     let mut o = Overrides::default();
     let p = |rel: &str| root.join(rel).display().to_string();
     let keys = [
-        ("kubelet.root_dir", p("kubelet")),
-        ("cdi.spec_dirs", format!("{},{}", p("etc/cdi"), p("run/cdi"))),
-        ("cdi.dynamic_dir", p("run/cdi")),
-        ("paths.state_dir", p("state")),
-        ("paths.driver_root", p("driver")),
-        ("paths.dev_root", p("dev")),
-        ("paths.proc_root", "/proc".to_string()),
-        ("paths.sys_root", p("sys")),
         ("runtime.k3s_containerd_config", p("k3s/containerd/config.toml")),
         ("runtime.containerd_config", p("etc/containerd/config.toml")),
         ("runtime.crio_config", p("etc/crio/crio.conf")),
@@ -186,10 +178,18 @@ pub(crate) fn test_config(root: &std::path::Path, extra: &[(&str, &str)]) -> Con
         overrides: o,
         hostname: Some("n1".into()),
     };
-    match Config::load(&ctx) {
+    let mut config = match Config::load(&ctx) {
         Ok(c) => c,
         Err(problems) => panic!("test configuration is invalid: {problems:?}"),
-    }
+    };
+    // The layout below `root`, with the host's /proc (the doctor reads processes there).
+    config.paths = Paths {
+        cdi_spec_dirs: vec![root.join("etc/cdi"), root.join("run/cdi")],
+        cdi_dynamic_dir: root.join("run/cdi"),
+        proc_root: "/proc".into(),
+        ..Paths::under(root)
+    };
+    config
 }
 
 #[cfg(test)]

@@ -75,7 +75,7 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is NUL-terminated and `st` is a valid out-pointer; both outlive the call.
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+    (rc == 0).then(|| st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 fn human(bytes: u64) -> String {

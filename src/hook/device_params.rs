@@ -4,16 +4,19 @@
 //! With `ModifyDeviceFiles: 1` in `/proc/driver/nvidia/params`, NVML creates missing
 //! `/dev/nvidia*` nodes, which in a container would undo the device list the CDI spec gave
 //! it. The hook writes a copy of the host's file saying `ModifyDeviceFiles: 0` (mode 0444)
-//! to a fresh file on the host, enters the container's mount namespace (through
-//! `<proc>/<pid>/ns/mnt`, on a dedicated thread that first unshares its filesystem
-//! attributes, so the rest of the process stays in the host's namespace), bind-mounts the
-//! copy read-only over `<rootfs>/proc/driver/nvidia/params`, and removes the host file (the
-//! mount keeps it alive). It only mounts when `<rootfs>/proc` is a real directory holding a
-//! procfs mount, so nothing from the image can redirect the mount.
+//! to a fresh file on the host, bind-mounts the copy read-only over
+//! `<rootfs>/proc/driver/nvidia/params`, and removes the host file (the mount keeps it alive).
+//!
+//! It does this in the mount namespace it runs in: the runtime runs `createContainer` hooks
+//! in the container's mount namespace once the container's mounts (its `/proc` among them)
+//! are set up, before pivot_root, so the rootfs is still at its host path and the host's
+//! `/proc` is still at `/proc`. The OCI state's `pid` is not used: runc reports the
+//! container's own view of it there (1, which on the host's procfs is the host's init) and
+//! crun reports 0. The hook only mounts when `<rootfs>/proc` is a real directory holding a
+//! procfs mount, so nothing from the image can redirect the mount, and the mount never lands
+//! in the host's namespace (where the container's `/proc` is not mounted).
 
-use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -53,49 +56,34 @@ pub fn disable(stdin: impl Read, proc_root: &Path) -> Result<(), HookError> {
         Err(source) => return Err(HookError::ReadHost { path: host_params, source }),
     };
     let Some(new) = rewrite(&text) else { return Ok(()) };
-    let pid = container.pid.ok_or(HookError::NoPid)?;
-    let ns = proc_root.join(pid.to_string()).join("ns/mnt");
-    mount_copy(pid, &ns, &container.rootfs, new.as_bytes())
+    mount_copy(&container.rootfs, new.as_bytes())
 }
 
-/// Mounts `contents` read-only over `<rootfs>/proc/driver/nvidia/params` in the mount
-/// namespace `ns` of process `pid`, when `<rootfs>/proc` there is a procfs mount.
-pub fn mount_copy(pid: i32, ns: &Path, rootfs: &Path, contents: &[u8]) -> Result<(), HookError> {
+/// Mounts `contents` read-only over `<rootfs>/proc/driver/nvidia/params` in the current
+/// mount namespace. `<rootfs>/proc` must be a directory (not a symlink) with procfs mounted
+/// on it, else [`HookError::NoProcfs`]; a container procfs without the file (no driver
+/// entry to hide) is left alone.
+pub fn mount_copy(rootfs: &Path, contents: &[u8]) -> Result<(), HookError> {
     let proc_dir = rootfs.join("proc");
+    let is_procfs = std::fs::symlink_metadata(&proc_dir).is_ok_and(|m| m.is_dir()) && on_procfs(&proc_dir);
+    if !is_procfs {
+        return Err(HookError::NoProcfs { path: proc_dir });
+    }
     let target = proc_dir.join(PARAMS);
-    mount_file_in_namespace(pid, ns, &target, contents, Some(&proc_dir))
+    if !target.exists() {
+        return Ok(());
+    }
+    mount_file(&target, contents)
 }
 
 /// Writes `contents` to a new 0444 file on the host, bind-mounts it read-only over `target`
-/// in mount namespace `ns`, and removes the host file. With `procfs_at`, only mounts when
-/// that path (in the namespace) is a directory, not a symlink, on procfs and `target`
-/// exists; otherwise does nothing.
-pub fn mount_file_in_namespace(
-    pid: i32,
-    ns: &Path,
-    target: &Path,
-    contents: &[u8],
-    procfs_at: Option<&Path>,
-) -> Result<(), HookError> {
-    let err = |op: &'static str| move |source: io::Error| HookError::Namespace { op, pid, source };
-    let ns_file = File::open(ns).map_err(err("open the container's mount namespace"))?;
-    let source = write_copy(contents).map_err(err("write the parameters copy"))?;
-    let (src, dst) = (source.clone(), target.to_path_buf());
-    let guard_dir = procfs_at.map(Path::to_path_buf);
-    let result = std::thread::spawn(move || -> Result<(), (&'static str, io::Error)> {
-        enter(&ns_file).map_err(|e| ("enter the container's mount namespace", e))?;
-        if let Some(dir) = guard_dir {
-            let is_procfs = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) && on_procfs(&dir);
-            if !is_procfs || !dst.exists() {
-                return Ok(());
-            }
-        }
-        bind_read_only(&src, &dst).map_err(|e| ("bind-mount the read-only copy", e))
-    })
-    .join()
-    .unwrap_or_else(|_| Err(("run the namespace thread", io::Error::other("the thread panicked"))));
+/// in the current mount namespace, and removes the host file.
+pub fn mount_file(target: &Path, contents: &[u8]) -> Result<(), HookError> {
+    let err = |op: &'static str| move |source: io::Error| HookError::Mount { op, path: target.to_path_buf(), source };
+    let source = write_copy(contents).map_err(err("write the parameters copy for"))?;
+    let result = bind_read_only(&source, target).map_err(err("bind-mount the read-only copy"));
     let _ = std::fs::remove_file(&source);
-    result.map_err(|(op, source)| HookError::Namespace { op, pid, source })
+    result
 }
 
 /// A new file in `/run` (or the temp folder) holding `contents`, mode 0444.
@@ -122,17 +110,6 @@ fn cvt(rc: libc::c_int) -> io::Result<()> {
 
 fn c_path(p: &Path) -> io::Result<std::ffi::CString> {
     std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::other("path contains a NUL byte"))
-}
-
-/// Moves the calling thread (only) into the mount namespace `ns`.
-fn enter(ns: &File) -> io::Result<()> {
-    // SAFETY: unshare and setns take no pointers; they change only the calling thread's
-    // filesystem attributes and mount namespace (CLONE_FS is unshared first so the other
-    // threads keep the host's), and `ns` is an open namespace file for the call's duration.
-    unsafe {
-        cvt(libc::unshare(libc::CLONE_FS))?;
-        cvt(libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS))
-    }
 }
 
 fn on_procfs(p: &Path) -> bool {

@@ -58,13 +58,35 @@ pub fn parse_link(arg: &str) -> Result<LinkSpec, HookError> {
 /// resolved as inside the container: symlinks are followed within the rootfs (`..` stops at
 /// its top, absolute targets start again from it). Missing folders are created (0755).
 pub fn resolve_dir(rootfs: &Path, dir: &Path) -> Result<PathBuf, HookError> {
+    resolve_dir_with(rootfs, dir, Escape::Clamp, &mut Vec::new())
+}
+
+/// What a `..` above the rootfs's top means while resolving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escape {
+    /// The rootfs's top, as `/..` is `/` inside the container.
+    Clamp,
+    /// An error: a link that only makes sense on the host, leading out of the rootfs.
+    Refuse,
+}
+
+/// [`resolve_dir`] with a choice of what `..` above the top means; the folders created are
+/// appended to `created` (parents first), so a caller can remove them again.
+pub fn resolve_dir_with(
+    rootfs: &Path,
+    dir: &Path,
+    escape: Escape,
+    created: &mut Vec<PathBuf>,
+) -> Result<PathBuf, HookError> {
     let mut pending: VecDeque<OsString> = normal_parts(dir);
     let mut resolved: Vec<OsString> = Vec::new();
     let mut followed = 0usize;
     let here = |resolved: &[OsString]| resolved.iter().fold(rootfs.to_path_buf(), |p, c| p.join(c));
     while let Some(part) = pending.pop_front() {
         if part == ".." {
-            resolved.pop();
+            if resolved.pop().is_none() && escape == Escape::Refuse {
+                return Err(HookError::Escapes { path: rootfs.join(dir.strip_prefix("/").unwrap_or(dir)) });
+            }
             continue;
         }
         let cur = here(&resolved).join(&part);
@@ -75,7 +97,7 @@ pub fn resolve_dir(rootfs: &Path, dir: &Path) -> Result<PathBuf, HookError> {
                     return Err(HookError::Unsafe { path: cur });
                 }
                 let target =
-                    std::fs::read_link(&cur).map_err(|source| HookError::Write { path: cur.clone(), source })?;
+                    std::fs::read_link(&cur).map_err(|source| HookError::Read { path: cur.clone(), source })?;
                 if target.is_absolute() {
                     resolved.clear();
                 }
@@ -87,7 +109,10 @@ pub fn resolve_dir(rootfs: &Path, dir: &Path) -> Result<PathBuf, HookError> {
             Ok(_) => return Err(HookError::Unsafe { path: cur }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 match std::fs::DirBuilder::new().mode(0o755).create(&cur) {
-                    Ok(()) => set_mode_0755(&cur).map_err(|source| HookError::Write { path: cur.clone(), source })?,
+                    Ok(()) => {
+                        created.push(cur.clone());
+                        set_mode_0755(&cur).map_err(|source| HookError::Write { path: cur.clone(), source })?
+                    }
                     // Created meanwhile: look at it again.
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                         pending.push_front(part);
@@ -97,7 +122,7 @@ pub fn resolve_dir(rootfs: &Path, dir: &Path) -> Result<PathBuf, HookError> {
                 }
                 resolved.push(part);
             }
-            Err(source) => return Err(HookError::Write { path: cur, source }),
+            Err(source) => return Err(HookError::Read { path: cur, source }),
         }
     }
     Ok(here(&resolved))

@@ -153,15 +153,18 @@ pub fn parse_profile(profile: &str) -> Option<(u32, u32, u64)> {
 /// instance 0 each; memory is the profile's GiB, multiprocessors the compute slices' share
 /// of the parent's (a whole GPU has seven slices).
 fn mig_layout(gpu: &GpuFacts, profiles: &[String], node: &str) -> Result<Vec<MigFacts>, InventoryError> {
-    let mut slices = 0;
+    let mut slices = 0u32;
     let mut memory = 0u64;
     let mut out = Vec::new();
     for (i, profile) in profiles.iter().enumerate() {
         let (g, c, gb) = parse_profile(profile).ok_or_else(|| {
             InventoryError::Mock(format!("GPU {}: {profile:?} is not a MIG profile such as \"1g.10gb\"", gpu.index))
         })?;
-        slices += g;
-        memory = memory.saturating_add(gb << 30);
+        // Profile numbers come from configuration: a sum or a GiB count that overflows is
+        // simply more than the GPU has (never a wrapped, small value).
+        slices = slices.saturating_add(g);
+        let bytes = gb.saturating_mul(1 << 30);
+        memory = memory.saturating_add(bytes);
         if slices > MIG_SLICES || memory > gpu.memory {
             return Err(InventoryError::Mock(format!(
                 "GPU {}: MIG profiles {profiles:?} need more than the GPU has ({MIG_SLICES} slices, {} GiB); \
@@ -170,13 +173,14 @@ fn mig_layout(gpu: &GpuFacts, profiles: &[String], node: &str) -> Result<Vec<Mig
                 gpu.memory >> 30
             )));
         }
-        let gi = i as u32 + 1;
+        // At most MIG_SLICES profiles get here.
+        let gi = u32::try_from(i).map_or(u32::MAX, |i| i.saturating_add(1));
         out.push(MigFacts {
             gi,
             ci: 0,
             uuid: format!("MIG-{}", uuid_text(&format!("{node}/gpu/{}/gi/{gi}/ci/0", gpu.index))),
             profile: profile.clone(),
-            memory: gb << 30,
+            memory: bytes,
             multiprocessors: c * (gpu.multiprocessors.unwrap_or(0) / MIG_SLICES),
         });
     }
@@ -309,6 +313,17 @@ mod tests {
         cfg.mock.mig = vec![MockMig { gpu: 0, profiles: vec!["4g.40gb".into(), "4g.40gb".into()] }];
         let err = MockBackend::new(&cfg).discover().expect_err("8 slices");
         assert!(err.to_string().contains("mock.mig"), "{err}");
+    }
+
+    #[test]
+    fn overflowing_profile_numbers_are_refused_not_wrapped() {
+        let mut cfg = config("n1");
+        // 1 + 4294967295 slices wraps a u32 to 0; 17179869184 GiB wraps a u64 shift to 0 bytes.
+        for profiles in [["1g.10gb", "4294967295g.1gb"], ["1g.10gb", "1g.17179869184gb"]] {
+            cfg.mock.mig = vec![MockMig { gpu: 0, profiles: profiles.iter().map(|p| p.to_string()).collect() }];
+            let err = MockBackend::new(&cfg).discover().expect_err("more than the GPU has");
+            assert!(err.to_string().contains("need more than the GPU has"), "{profiles:?}: {err}");
+        }
     }
 
     #[test]

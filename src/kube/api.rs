@@ -146,9 +146,31 @@ impl Client {
     }
 
     pub async fn get_claim(&self, api: ResourceApi, namespace: &str, name: &str) -> Result<ResourceClaim, Error> {
+        self.get_claim_until(api, namespace, name, None).await
+    }
+
+    /// [`Client::get_claim`], done by `deadline`: if the client's own rate limit would hold
+    /// the request past it, it is not sent ([`Error::Throttled`]); attempts end at it.
+    pub async fn get_claim_by(
+        &self,
+        api: ResourceApi,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<ResourceClaim, Error> {
+        self.get_claim_until(api, namespace, name, Some(deadline)).await
+    }
+
+    async fn get_claim_until(
+        &self,
+        api: ResourceApi,
+        namespace: &str,
+        name: &str,
+        until: Option<tokio::time::Instant>,
+    ) -> Result<ResourceClaim, Error> {
         let req = request::get_claim(api, namespace, name);
         let op = operation(&req);
-        let body = self.request(req).await?;
+        let body = self.request_by(req, until).await?;
         let v: Value = decode(&op, &body)?;
         convert::claim_from_wire(api, v).map_err(|e| convert_err(&op, e))
     }

@@ -1,13 +1,27 @@
-//! Time policies of the client: a token-bucket rate limiter (waits, never fails) and a
-//! jittered exponential backoff. Both run on tokio time so tests use paused time.
+//! Time policies of the client: a token-bucket rate limiter (waits, or refuses a request
+//! its deadline would not let wait), a jittered exponential backoff, and overflow-free
+//! deadlines. All run on tokio time so tests use paused time.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-/// A token bucket: `burst` tokens, refilled at `qps` per second. `acquire` waits for a
-/// token; waiters are served in order (the lock is held while waiting).
+/// `now + d`, or a point decades away when that does not fit in an `Instant` (a duration
+/// from configuration or from the server must never overflow the clock).
+pub fn deadline_in(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d).unwrap_or_else(|| now + FAR_FUTURE)
+}
+
+/// What [`deadline_in`] gives for durations too long for the clock: about 30 years.
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
+
+/// A token bucket: `burst` tokens, refilled at `qps` per second. Each request reserves the
+/// next token, which may lie in the future (the bucket goes negative: requests queued ahead),
+/// and sleeps until then, so waiters are served in order without holding a lock. A request
+/// with a deadline its token would miss is refused at once ([`Throttled`]) and reserves
+/// nothing: it neither waits in vain nor delays the requests behind it.
 #[derive(Debug)]
 pub struct RateLimiter {
     qps: f64,
@@ -21,6 +35,15 @@ struct Bucket {
     last: Instant,
 }
 
+/// The rate limit would hold a request past its deadline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throttled {
+    /// How long the request would have waited for its token.
+    pub wait: Duration,
+    /// Requests holding tokens ahead of it.
+    pub queued: u64,
+}
+
 impl RateLimiter {
     pub fn new(qps: f64, burst: u32) -> Self {
         let burst = f64::from(burst.max(1));
@@ -28,19 +51,48 @@ impl RateLimiter {
         RateLimiter { qps, burst, state: Mutex::new(Bucket { tokens: burst, last: Instant::now() }) }
     }
 
-    /// Take one token, waiting until one is available.
-    pub async fn acquire(&self) {
-        let mut b = self.state.lock().await;
+    /// Reserve a token usable at the returned instant, unless that is after `deadline`.
+    pub fn reserve(&self, deadline: Option<Instant>) -> Result<Instant, Throttled> {
+        let mut b = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         b.tokens = (b.tokens + now.duration_since(b.last).as_secs_f64() * self.qps).min(self.burst);
         b.last = now;
-        if b.tokens < 1.0 {
-            let wait = Duration::from_secs_f64((1.0 - b.tokens) / self.qps);
-            tokio::time::sleep(wait).await;
-            b.tokens = 1.0;
-            b.last = now + wait;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            return Ok(now);
+        }
+        // Configuration bounds qps, but a wait that does not fit a Duration or the clock
+        // must still not panic: it becomes "decades".
+        let wait = Duration::try_from_secs_f64((1.0 - b.tokens) / self.qps).unwrap_or(FAR_FUTURE);
+        let at = now.checked_add(wait);
+        if let Some(deadline) = deadline
+            && at.is_none_or(|at| at > deadline)
+        {
+            // A float-to-integer `as` saturates; the count is for the message only.
+            let queued = (-b.tokens).ceil().max(0.0) as u64;
+            return Err(Throttled { wait, queued });
         }
         b.tokens -= 1.0;
+        Ok(at.unwrap_or_else(|| now + FAR_FUTURE))
+    }
+
+    /// Take one token, waiting until one is available.
+    pub async fn acquire(&self) {
+        if let Ok(at) = self.reserve(None) {
+            tokio::time::sleep_until(at).await;
+        }
+    }
+
+    /// Take one token if it is available by `deadline` (then wait for it), else refuse.
+    pub async fn acquire_by(&self, deadline: Instant) -> Result<(), Throttled> {
+        let at = self.reserve(Some(deadline))?;
+        tokio::time::sleep_until(at).await;
+        Ok(())
+    }
+
+    /// The configured rate and burst.
+    pub fn limits(&self) -> (f64, f64) {
+        (self.qps, self.burst)
     }
 }
 
@@ -107,6 +159,33 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::ZERO);
         rl.acquire().await;
         assert_eq!(start.elapsed(), Duration::from_millis(500), "only `burst` tokens accumulate");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_beyond_the_deadline_is_refused_without_being_taken() {
+        let rl = RateLimiter::new(1.0, 2);
+        let start = Instant::now();
+        rl.acquire().await;
+        rl.acquire().await;
+        // Two requests queue behind the empty bucket: tokens at +1 s and +2 s.
+        assert_eq!(rl.reserve(None), Ok(start + Duration::from_secs(1)));
+        assert_eq!(rl.reserve(None), Ok(start + Duration::from_secs(2)));
+        let refused = rl.reserve(Some(start + Duration::from_millis(2500))).unwrap_err();
+        assert_eq!(refused, Throttled { wait: Duration::from_secs(3), queued: 2 });
+        // The refusal took nothing: the next token is still at +3 s.
+        assert_eq!(rl.reserve(Some(start + Duration::from_secs(3))), Ok(start + Duration::from_secs(3)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn absurd_rates_do_not_panic() {
+        // 1e-300 requests per second: the second token is further away than a Duration holds.
+        let rl = RateLimiter::new(1e-300, 1);
+        rl.acquire().await;
+        let far = rl.reserve(None).expect("no deadline, no refusal");
+        assert!(far > Instant::now() + Duration::from_secs(365 * 86_400));
+        let refused = rl.reserve(Some(Instant::now() + Duration::from_secs(60))).unwrap_err();
+        assert!(refused.wait > Duration::from_secs(365 * 86_400));
+        assert!(deadline_in(Duration::MAX) > Instant::now() + Duration::from_secs(365 * 86_400));
     }
 
     #[test]

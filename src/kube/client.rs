@@ -5,14 +5,20 @@
 //!
 //! Retry policy. Attempts are bounded (`max_attempts`, default 5) and so is the total time
 //! (`retry_budget`, default 60 s). Never retried: any 4xx other than 429. Always retried:
-//! 429 (after `Retry-After` when given), 503 with `Retry-After`, and connect failures (the
-//! request never left; except TLS verification failures, which retrying cannot fix). Reads (GET) and preconditioned writes (PUT carries the object's
+//! 429 (after `Retry-After` when given, capped at [`super::MAX_RETRY_AFTER`]; a delay
+//! beyond the retry budget returns the error at once), 503 with `Retry-After`, and connect
+//! failures (the request never left; except TLS verification failures, which retrying
+//! cannot fix). Reads (GET) and preconditioned writes (PUT carries the object's
 //! resourceVersion, DELETE carries uid + resourceVersion preconditions: a replay after an
 //! unseen success yields 409/404, never a double write) are also retried on other 5xx,
 //! timeouts and broken connections. POST (create, possibly with generateName) is NOT retried
 //! after an ambiguous failure (5xx other than 503+Retry-After, timeout, connection lost after
 //! sending): the object may have been created, and a replay would create a second one; the
 //! error goes to the caller, whose reconcile loop lists and converges.
+//!
+//! Limits. A response body is read only up to what the request can return
+//! (`body_limit`); a request given a deadline (`Client::request_by`) is not sent when
+//! the rate limit would hold it past that deadline ([`Error::Throttled`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,16 +28,21 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
-use super::backoff::{Backoff, RateLimiter};
+use super::backoff::{Backoff, RateLimiter, deadline_in};
 use super::credentials::{Auth, Credentials, read_token};
 use super::error::find_tls_error;
 use super::{Error, tls};
+
+/// A request with a deadline is sent only if the server then has at least this long to
+/// answer; otherwise it is refused as throttled rather than cut short and blamed on the
+/// server.
+const MIN_TIME_TO_ANSWER: Duration = Duration::from_secs(1);
 
 type Http = hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -265,7 +276,7 @@ impl Client {
     }
 
     pub(super) fn record_received(&self, n: usize) {
-        self.inner.stats.received.fetch_add(n as u64, Ordering::Relaxed);
+        self.inner.stats.received.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     fn record(&self, verb: &str, code: u16) {
@@ -293,18 +304,48 @@ impl Client {
         out.body(Full::new(req.body().clone())).map_err(|e| Error::Transport { operation: op, source: Box::new(e) })
     }
 
-    /// Send once; returns the response with its headers (body not read) unless `deadline`
-    /// passes first.
-    async fn send(&self, req: &Request<Bytes>, deadline: Instant) -> Result<Response<Incoming>, Failure> {
+    /// Take a token of the rate limit: in time to leave [`MIN_TIME_TO_ANSWER`] before
+    /// `until` when given (else refuse at once with [`Error::Throttled`]), otherwise
+    /// however long it takes.
+    async fn throttle(&self, req: &Request<Bytes>, until: Option<Instant>) -> Result<(), Error> {
+        let limiter = &self.inner.limiter;
+        let Some(until) = until else {
+            limiter.acquire().await;
+            return Ok(());
+        };
+        let send_by = until.checked_sub(MIN_TIME_TO_ANSWER).unwrap_or(until);
+        limiter.acquire_by(send_by).await.map_err(|t| Error::Throttled {
+            operation: operation(req),
+            qps: self.inner.settings.qps,
+            burst: self.inner.settings.burst,
+            queued: t.queued,
+            wait: t.wait,
+        })
+    }
+
+    /// Send once after taking a token of the rate limit; returns the response with its
+    /// headers (body not read) unless the request timeout or `until` passes first. The
+    /// timeout starts once the request leaves, not while it waits for its token.
+    async fn send(
+        &self,
+        req: &Request<Bytes>,
+        until: Option<Instant>,
+    ) -> Result<(Response<Incoming>, Instant), Failure> {
         let op = operation(req);
         let full = self.prepare(req).map_err(Failure::Fatal)?;
-        self.inner.limiter.acquire().await;
-        self.inner.stats.sent.fetch_add(req.body().len() as u64, Ordering::Relaxed);
+        self.throttle(req, until).await.map_err(Failure::Fatal)?;
+        let started = Instant::now();
         let timeout = self.inner.settings.request_timeout;
+        let per_attempt = deadline_in(timeout);
+        let deadline = until.map_or(per_attempt, |u| u.min(per_attempt));
+        self.inner.stats.sent.fetch_add(u64::try_from(req.body().len()).unwrap_or(u64::MAX), Ordering::Relaxed);
         match tokio::time::timeout_at(deadline, self.inner.http.request(full)).await {
             Err(_) => {
                 self.record(verb(req), 0);
-                Err(Failure::Ambiguous(Error::Timeout { operation: op, after: timeout }))
+                Err(Failure::Ambiguous(Error::Timeout {
+                    operation: op,
+                    after: deadline.saturating_duration_since(started),
+                }))
             }
             Ok(Err(e)) => {
                 self.record(verb(req), 0);
@@ -317,31 +358,51 @@ impl Client {
             }
             Ok(Ok(resp)) => {
                 self.record(verb(req), resp.status().as_u16());
-                Ok(resp)
+                Ok((resp, deadline))
             }
         }
     }
 
-    /// Read a whole body before `deadline`.
-    async fn read_body(&self, op: &str, body: Incoming, deadline: Instant) -> Result<Bytes, Error> {
+    /// Read a whole body before `deadline`, at most `limit` bytes of it (a longer one is
+    /// an error as soon as its length shows, from `Content-Length` or while reading).
+    async fn read_body(
+        &self,
+        op: &str,
+        resp: Response<Incoming>,
+        deadline: Instant,
+        limit: BodyLimit,
+    ) -> Result<Bytes, Error> {
+        let too_large = || Error::TooLarge { operation: op.to_string(), what: limit.what, limit: limit.bytes };
+        let declared = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| usize::try_from(n).map_or(true, |n| n > limit.bytes)) {
+            return Err(too_large());
+        }
         let timeout = self.inner.settings.request_timeout;
-        let collected = tokio::time::timeout_at(deadline, body.collect())
+        let collected = tokio::time::timeout_at(deadline, Limited::new(resp.into_body(), limit.bytes).collect())
             .await
             .map_err(|_| Error::Timeout { operation: op.to_string(), after: timeout })?
-            .map_err(|e| Error::Transport { operation: op.to_string(), source: Box::new(e) })?;
+            .map_err(|e| {
+                if e.is::<LengthLimitError>() {
+                    too_large()
+                } else {
+                    Error::Transport { operation: op.to_string(), source: e }
+                }
+            })?;
         let bytes = collected.to_bytes();
         self.record_received(bytes.len());
         Ok(bytes)
     }
 
-    /// One attempt, body included, within one request timeout.
-    async fn attempt(&self, req: &Request<Bytes>) -> Result<Bytes, Failure> {
+    /// One attempt, body included, within one request timeout (and before `until`).
+    async fn attempt(&self, req: &Request<Bytes>, until: Option<Instant>) -> Result<Bytes, Failure> {
         let op = operation(req);
-        let deadline = Instant::now() + self.inner.settings.request_timeout;
-        let resp = self.send(req, deadline).await?;
+        let (resp, deadline) = self.send(req, until).await?;
         let status = resp.status();
         let retry_after = retry_after(&resp);
-        let body = self.read_body(&op, resp.into_body(), deadline).await.map_err(Failure::Ambiguous)?;
+        let body = self.read_body(&op, resp, deadline, body_limit(req)).await.map_err(|e| {
+            // A server that sends more than the object can be will do so again.
+            if e.is_too_large() { Failure::Fatal(e) } else { Failure::Ambiguous(e) }
+        })?;
         if status.is_success() {
             return Ok(body);
         }
@@ -352,13 +413,21 @@ impl Client {
 
     /// Send with the retry policy (module doc) and return the successful body.
     pub(super) async fn request(&self, req: Request<Bytes>) -> Result<Bytes, Error> {
+        self.request_by(req, None).await
+    }
+
+    /// Like [`Client::request`], all done by `until` when given: attempts are cut short
+    /// at it, and a request the rate limit would hold past it is not sent
+    /// ([`Error::Throttled`]).
+    pub(super) async fn request_by(&self, req: Request<Bytes>, until: Option<Instant>) -> Result<Bytes, Error> {
         let s = &self.inner.settings;
-        let deadline = Instant::now() + s.retry_budget;
+        let budget = deadline_in(s.retry_budget);
+        let deadline = until.map_or(budget, |u| u.min(budget));
         let mut backoff = Backoff::new(s.retry_base_delay, s.retry_max_delay);
         let post = req.method() == Method::POST;
         let mut attempt = 1u32;
         loop {
-            let failure = match self.attempt(&req).await {
+            let failure = match self.attempt(&req, until).await {
                 Ok(body) => return Ok(body),
                 Err(f) => f,
             };
@@ -380,7 +449,8 @@ impl Client {
                 Failure::Ambiguous(err) if !post => (err, backoff.next_delay()),
                 Failure::Ambiguous(err) | Failure::Fatal(err) => return Err(err),
             };
-            if attempt >= s.max_attempts || Instant::now() + delay > deadline {
+            // A delay that does not fit in the clock is certainly beyond the deadline.
+            if attempt >= s.max_attempts || Instant::now().checked_add(delay).is_none_or(|at| at > deadline) {
                 return Err(err);
             }
             tracing::debug!(operation = %operation(&req), error = %err, ?delay, attempt, "retrying request");
@@ -392,8 +462,8 @@ impl Client {
     /// Start a streaming request (watch): one attempt, the timeout covers only the headers.
     pub(super) async fn stream(&self, req: Request<Bytes>) -> Result<Incoming, Error> {
         let op = operation(&req);
-        let resp = match self.send(&req, Instant::now() + self.inner.settings.request_timeout).await {
-            Ok(r) => r,
+        let resp = match self.send(&req, None).await {
+            Ok((r, _)) => r,
             Err(Failure::Status(e, _) | Failure::Connect(e) | Failure::Ambiguous(e) | Failure::Fatal(e)) => {
                 return Err(e);
             }
@@ -403,8 +473,41 @@ impl Client {
             return Ok(resp.into_body());
         }
         let ra = retry_after(&resp);
-        let body = self.read_body(&op, resp.into_body(), Instant::now() + self.inner.settings.request_timeout).await?;
+        let deadline = deadline_in(self.inner.settings.request_timeout);
+        let body = self.read_body(&op, resp, deadline, body_limit(&req)).await?;
         Err(Error::from_status(op, status.as_u16(), &body, ra))
+    }
+}
+
+/// The most a response body may hold, by what was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct BodyLimit {
+    pub bytes: usize,
+    /// What was asked for, for the error message.
+    pub what: &'static str,
+}
+
+/// Discovery documents (`/version`, `/api`, `/apis/<group>[/<version>]`) are a few KiB.
+pub const DISCOVERY_BODY_LIMIT: usize = 1 << 20;
+/// One object: the API server stores at most about 1.5 MiB per object (etcd's request
+/// limit) and accepts writes of at most 3 MiB; its JSON stays far below this, which is
+/// also the limit of one watch event.
+pub const OBJECT_BODY_LIMIT: usize = 16 << 20;
+/// A list of this node's ResourceSlices.
+pub const LIST_BODY_LIMIT: usize = 64 << 20;
+
+/// The body limit of a request (watches: of its error body; events have their own).
+pub(super) fn body_limit(req: &Request<Bytes>) -> BodyLimit {
+    let path = req.uri().path().trim_end_matches('/');
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let discovery =
+        matches!(segments.as_slice(), ["version"] | ["api"] | ["apis"] | ["api", _] | ["apis", _] | ["apis", _, _]);
+    if discovery {
+        BodyLimit { bytes: DISCOVERY_BODY_LIMIT, what: "a discovery document" }
+    } else if verb(req) == "LIST" {
+        BodyLimit { bytes: LIST_BODY_LIMIT, what: "a list of one node's ResourceSlices" }
+    } else {
+        BodyLimit { bytes: OBJECT_BODY_LIMIT, what: "one object" }
     }
 }
 

@@ -5,6 +5,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The longest server-supplied retry delay edra accepts (`Retry-After` header or
+/// `details.retryAfterSeconds`); a longer one is taken as this. It is also the client's
+/// whole retry budget, so a capped delay ends the retries with the server's error at once.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// A server-supplied delay in seconds, capped at [`MAX_RETRY_AFTER`].
+pub fn cap_retry_after(secs: u64) -> u64 {
+    secs.min(MAX_RETRY_AFTER.as_secs())
+}
+
 /// An error response from the API server, decoded from its `Status` body when it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -18,7 +28,8 @@ pub struct ApiError {
     pub message: String,
     /// Field-level causes (for 422 Invalid): `field: message`.
     pub causes: Vec<String>,
-    /// `Retry-After` seconds, when the server sent the header or `details.retryAfterSeconds`.
+    /// `Retry-After` seconds, when the server sent the header or `details.retryAfterSeconds`,
+    /// capped at [`MAX_RETRY_AFTER`].
     pub retry_after: Option<u64>,
 }
 
@@ -84,6 +95,19 @@ pub enum Error {
         #[source]
         source: rustls::Error,
     },
+    /// edra's own client-side rate limit would hold the request past its deadline, so it
+    /// was not sent: the API server was not asked.
+    #[error(
+        "{operation}: not sent: edra's own client-side rate limit (kubernetes.qps = {qps}, kubernetes.burst = {burst}) has {queued} requests queued ahead, a wait of {wait:.1?} that would pass this request's deadline; the API server was not asked. Raise kubernetes.qps and kubernetes.burst if this is normal load"
+    )]
+    Throttled { operation: String, qps: f64, burst: u32, queued: u64, wait: Duration },
+    /// The response body is larger than what edra asked for can be: not read further, not
+    /// retried.
+    #[error(
+        "{operation}: the response is larger than {} MiB, the most {what} can be; the API server or a proxy in front of it is misbehaving (not retried)",
+        limit >> 20
+    )]
+    TooLarge { operation: String, what: &'static str, limit: usize },
     /// No response (or body) within the timeout.
     #[error("{operation}: no response within {after:?}")]
     Timeout { operation: String, after: Duration },
@@ -168,6 +192,14 @@ impl Error {
     pub fn is_tls(&self) -> bool {
         matches!(self, Error::Tls { .. })
     }
+    /// The response was larger than its operation allows.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, Error::TooLarge { .. })
+    }
+    /// Held back by edra's own rate limit; never sent.
+    pub fn is_throttled(&self) -> bool {
+        matches!(self, Error::Throttled { .. })
+    }
 
     /// Classify an error status and its body into a typed error.
     pub fn from_status(operation: String, code: u16, body: &[u8], retry_after_header: Option<u64>) -> Error {
@@ -200,7 +232,20 @@ struct Status {
 #[serde(default, rename_all = "camelCase")]
 struct StatusDetails {
     causes: Vec<StatusCause>,
-    retry_after_seconds: Option<u64>,
+    /// Any JSON number (the API says int32; a hostile server may send anything).
+    retry_after_seconds: Option<serde_json::Number>,
+}
+
+/// Seconds from a JSON number: negative is none, fractions round up, huge is capped.
+fn seconds(n: &serde_json::Number) -> Option<u64> {
+    if let Some(u) = n.as_u64() {
+        return Some(cap_retry_after(u));
+    }
+    match n.as_f64() {
+        // A float-to-integer `as` saturates: 1e300 becomes u64::MAX, then the cap.
+        Some(f) if f >= 0.0 => Some(cap_retry_after(f.ceil() as u64)),
+        _ => None,
+    }
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -212,6 +257,7 @@ struct StatusCause {
 
 /// Decode a `Status` body; a body that is not one becomes the message (truncated).
 pub fn decode_status(operation: String, code: u16, body: &[u8], retry_after_header: Option<u64>) -> ApiError {
+    let retry_after_header = retry_after_header.map(cap_retry_after);
     match serde_json::from_slice::<Status>(body) {
         Ok(s) if s.kind == "Status" || !s.message.is_empty() => {
             let details = s.details.unwrap_or_default();
@@ -226,7 +272,7 @@ pub fn decode_status(operation: String, code: u16, body: &[u8], retry_after_head
                 reason: s.reason,
                 message: s.message,
                 causes,
-                retry_after: retry_after_header.or(details.retry_after_seconds),
+                retry_after: retry_after_header.or(details.retry_after_seconds.as_ref().and_then(seconds)),
             }
         }
         _ => {

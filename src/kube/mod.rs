@@ -24,7 +24,7 @@ pub use api::SliceList;
 pub use client::{Client, ClientSettings, RequestStats};
 pub use cluster::Cluster;
 pub use credentials::{Auth, Credentials, Pem, Secret, Sources};
-pub use error::{ApiError, Error, decode_status};
+pub use error::{ApiError, Error, MAX_RETRY_AFTER, decode_status};
 pub use request::ResourceApi;
 pub use review::{AccessCheck, AccessDecision, SubjectInfo};
 pub use watcher::Event;

@@ -384,3 +384,14 @@ fn status_bodies_decode_into_typed_errors() {
         assert!(e.to_string().contains("proxy error"));
     }
 }
+
+#[test]
+fn server_supplied_retry_after_is_capped() {
+    let body = br#"{"kind":"Status","message":"later","details":{"retryAfterSeconds":18446744073709551615}}"#;
+    let e = Error::from_status("GET /x".into(), 429, body, None);
+    assert_eq!(e.api().unwrap().retry_after, Some(MAX_RETRY_AFTER.as_secs()));
+    let e = Error::from_status("GET /x".into(), 503, b"not a status", Some(u64::MAX));
+    assert_eq!(e.api().unwrap().retry_after, Some(MAX_RETRY_AFTER.as_secs()));
+    let e = Error::from_status("GET /x".into(), 503, b"", Some(2));
+    assert_eq!(e.api().unwrap().retry_after, Some(2), "small delays are kept");
+}

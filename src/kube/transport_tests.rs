@@ -321,3 +321,97 @@ async fn falls_back_to_http1_and_reuses_the_connection() {
     assert_eq!(client.stats().count("GET", 200), 3);
     assert_eq!(srv.connections.load(std::sync::atomic::Ordering::SeqCst), 1, "one pooled connection for all requests");
 }
+
+#[tokio::test]
+async fn absurd_retry_after_is_capped_and_returns_at_once() {
+    let huge = u64::MAX.to_string();
+    let signed = i64::MAX.to_string();
+    let details = |code: u16, secs: &str| {
+        let body = format!(
+            r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","message":"later","code":{code},"details":{{"retryAfterSeconds":{secs}}}}}"#
+        );
+        Reply::Json { status: code, headers: Vec::new(), body }
+    };
+    let replies = vec![
+        Reply::status(429, "TooManyRequests", "slow down").with_header("retry-after", &huge),
+        Reply::status(503, "ServiceUnavailable", "later").with_header("retry-after", &signed),
+        details(429, &huge),
+        details(503, &signed),
+    ];
+    let (_pki, srv, client) = setup(replies).await;
+    for n in 1..=4 {
+        let started = Instant::now();
+        let e = client.server_version().await.unwrap_err();
+        let api = e.api().unwrap_or_else(|| panic!("an API error: {e:?}"));
+        assert_eq!(api.retry_after, Some(MAX_RETRY_AFTER.as_secs()), "reply {n}: the server's delay is capped");
+        assert!(started.elapsed() < Duration::from_secs(5), "reply {n} waited {:?}", started.elapsed());
+        assert_eq!(srv.requests().len(), n, "a delay beyond the retry budget is not waited for");
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_discovery_reply_is_refused_not_buffered() {
+    // 4 MiB streamed without a Content-Length (what a broken proxy's endless reply looks
+    // like); the client stops at 1 MiB and does not ask again.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let chunk = bytes::Bytes::from(vec![b' '; 64 << 10]);
+    for _ in 0..64 {
+        tx.send(chunk.clone()).unwrap();
+    }
+    let (_pki, srv, client) = setup(vec![Reply::Stream { status: 200, rx }]).await;
+    let e = client.discover_resource_api().await.unwrap_err();
+    assert!(e.is_too_large(), "{e:?}");
+    let text = e.to_string();
+    assert!(text.starts_with("GET /apis/resource.k8s.io: the response is larger than 1 MiB"), "{text}");
+    assert!(text.contains("a discovery document"), "{text}");
+    assert_eq!(srv.requests().len(), 1, "an oversized reply is not retried");
+    drop(tx);
+
+    // With a Content-Length, the answer is refused before its body is read.
+    let huge = format!(
+        "{{\"kind\":\"Node\",\"metadata\":{{\"name\":\"n1\",\"annotations\":{{\"a\":\"{}\"}}}}}}",
+        "x".repeat(17 << 20)
+    );
+    let (_pki, srv, client) = setup(vec![Reply::Json { status: 200, headers: Vec::new(), body: huge }]).await;
+    let e = client.get_node("n1").await.unwrap_err();
+    assert!(
+        e.to_string().contains("GET /api/v1/nodes/n1: the response is larger than 16 MiB, the most one object can be"),
+        "{e}"
+    );
+    assert_eq!(srv.requests().len(), 1);
+}
+
+#[test]
+fn body_limits_follow_what_is_asked_for() {
+    let limit = |req: http::Request<bytes::Bytes>| client::body_limit(&req).bytes;
+    assert_eq!(limit(request::get("/version")), client::DISCOVERY_BODY_LIMIT);
+    assert_eq!(limit(request::get("/apis/resource.k8s.io")), client::DISCOVERY_BODY_LIMIT);
+    assert_eq!(limit(request::get("/apis/resource.k8s.io/v1")), client::DISCOVERY_BODY_LIMIT);
+    assert_eq!(limit(request::get_node("n1")), client::OBJECT_BODY_LIMIT);
+    assert_eq!(limit(request::get_claim(ResourceApi::V1, "ns", "c")), client::OBJECT_BODY_LIMIT);
+    assert_eq!(limit(request::list_slices(ResourceApi::V1, "spec.nodeName=n1")), client::LIST_BODY_LIMIT);
+}
+
+#[tokio::test]
+async fn a_read_the_rate_limit_would_hold_past_its_deadline_is_not_sent() {
+    let pki = Pki::new("ca");
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"}, "spec": {}});
+    let srv = TestServer::start(&pki, Arc::new(move |_: &Seen| Reply::json(200, claim.clone()))).await;
+    let settings = ClientSettings { qps: 0.5, burst: 1, ..fast() };
+    let client = Client::new(srv.token_credentials(&pki, "t"), settings).unwrap();
+    let soon = || tokio::time::Instant::now() + Duration::from_secs(10);
+    client.get_claim_by(ResourceApi::V1, "ns", "c", soon()).await.expect("the burst token");
+    // The next token is 2 s away, but the server must also get a second to answer: fine.
+    client.get_claim_by(ResourceApi::V1, "ns", "c", soon()).await.expect("in time");
+    // Now the next is 2 s away and only 2.5 s are left: not sent, and said so.
+    let until = tokio::time::Instant::now() + Duration::from_millis(2500);
+    let e = client.get_claim_by(ResourceApi::V1, "ns", "c", until).await.unwrap_err();
+    assert!(e.is_throttled(), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("not sent: edra's own client-side rate limit (kubernetes.qps = 0.5, kubernetes.burst = 1)"),
+        "{text}"
+    );
+    assert_eq!(srv.requests().len(), 2, "the throttled read never reached the server");
+}

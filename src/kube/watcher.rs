@@ -177,7 +177,8 @@ impl Watcher {
         // Bookmarks arrive about once a minute and the server ends the watch after
         // timeoutSeconds, so silence beyond that means a dead connection.
         let settings = &self.client.inner.settings;
-        let idle = Duration::from_secs(u64::from(settings.watch_timeout_seconds)) + settings.request_timeout;
+        let idle =
+            Duration::from_secs(u64::from(settings.watch_timeout_seconds)).saturating_add(settings.request_timeout);
         let frame = match tokio::time::timeout(idle, body.frame()).await {
             Ok(frame) => frame,
             Err(_) => {

@@ -200,7 +200,7 @@ impl PluginServer {
                 let _ = stop.send(());
             }
         }
-        let deadline = tokio::time::Instant::now() + grace;
+        let deadline = crate::kube::backoff::deadline_in(grace);
         let mut graceful = true;
         for s in &mut served {
             if tokio::time::timeout_at(deadline, &mut s.task).await.is_err() {
@@ -210,7 +210,7 @@ impl PluginServer {
         if !graceful {
             tracing::warn!(
                 in_flight = self.inflight.len(),
-                grace_ms = grace.as_millis() as u64,
+                grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
                 "calls still running after the grace period; aborting them"
             );
             self.inflight.abort_all();

@@ -1,22 +1,27 @@
 //! The claim source of a running agent: ResourceClaims fetched from the API server through
-//! a [`Cluster`], bounded by a deadline so a prepare answers the kubelet in time.
+//! a [`Cluster`], bounded by the call's deadline so a prepare answers the kubelet in time
+//! and says whether edra's own rate limit or the server held it up.
 
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use super::{ClaimFetchError, ClaimSource};
+use super::{ClaimFetchError, ClaimSource, FETCH_BUDGET};
 use crate::kube::Cluster;
 
-/// How long a claim fetch may take in total, so a prepare answers the kubelet well within
-/// its 45 s timeout even when the API server does not answer.
-const CLAIM_FETCH_DEADLINE: Duration = Duration::from_secs(20);
-
 impl ClaimSource for Cluster {
-    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+    fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
         let (ns, n) = (namespace.to_string(), name.to_string());
         Box::pin(async move {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ClaimFetchError::OutOfTime { namespace: ns, name: n, budget: FETCH_BUDGET });
+            }
             let api_error = |source: Box<dyn std::error::Error + Send + Sync>| ClaimFetchError::Api {
                 namespace: ns.clone(),
                 name: n.clone(),
@@ -24,17 +29,22 @@ impl ClaimSource for Cluster {
             };
             let fetch = async {
                 let api = self.api().await?;
-                self.client().get_claim(api, &ns, &n).await
+                self.client().get_claim_by(api, &ns, &n, deadline).await
             };
-            match tokio::time::timeout(CLAIM_FETCH_DEADLINE, fetch).await {
+            // The client itself stops at the deadline and says why; this only backs it up.
+            let backstop = deadline.checked_add(Duration::from_secs(1)).unwrap_or(deadline);
+            match tokio::time::timeout_at(backstop, fetch).await {
                 Ok(Ok(claim)) => Ok(claim),
                 Ok(Err(e)) if e.is_not_found() => {
                     Err(ClaimFetchError::NotFound { namespace: ns.clone(), name: n.clone() })
                 }
+                Ok(Err(e)) if e.is_throttled() => {
+                    Err(ClaimFetchError::Throttled { namespace: ns.clone(), name: n.clone(), source: Box::new(e) })
+                }
                 Ok(Err(e)) => Err(api_error(Box::new(e))),
-                Err(_) => Err(api_error(
-                    format!("no answer from the API server within {}s", CLAIM_FETCH_DEADLINE.as_secs()).into(),
-                )),
+                Err(_) => {
+                    Err(api_error(format!("no answer from the API server within {}s", FETCH_BUDGET.as_secs()).into()))
+                }
             }
         })
     }

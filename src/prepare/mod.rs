@@ -23,11 +23,13 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_util::StreamExt;
 use futures_util::future::{BoxFuture, join_all};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::gpu::timeslice::{self, NvidiaSmi};
 use crate::gpu::{ChangeCounts, ComputeMode, ComputeModes, GpuError, Setting};
@@ -50,6 +52,31 @@ pub enum ClaimFetchError {
         /// Name.
         name: String,
     },
+    /// edra's own client-side rate limit would have held the read past the call's
+    /// deadline, so it was not sent.
+    #[error("ResourceClaim {namespace}/{name} was not fetched in time (the kubelet retries)")]
+    Throttled {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The limiter's numbers.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The call's time for fetching claims ran out before this claim's turn.
+    #[error(
+        "ResourceClaim {namespace}/{name} was not fetched: the {}s this kubelet call has for fetching claims ran out before its turn, while other claims of the call were fetched; the kubelet retries",
+        budget.as_secs()
+    )]
+    OutOfTime {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The call's fetch budget.
+        budget: std::time::Duration,
+    },
     /// The API server could not be asked or refused.
     #[error(
         "cannot get ResourceClaim {namespace}/{name}; check the API server connection and edra's permission to get ResourceClaims"
@@ -65,10 +92,26 @@ pub enum ClaimFetchError {
     },
 }
 
+/// How long one kubelet call may spend fetching its claims (from the call's start), so it
+/// answers well within the kubelet's 45 s timeout when the API server does not answer or
+/// edra's own rate limit is saturated.
+pub const FETCH_BUDGET: Duration = Duration::from_secs(20);
+
+/// Claims of one call prepared at once. A call with thousands of claims then holds at most
+/// this many places in the client's rate-limit queue, so a call that comes after it waits
+/// for a few of its reads, not for all of them.
+pub const CLAIMS_AT_ONCE: usize = 16;
+
 /// Where claims come from: the API server in production, a map in tests.
 pub trait ClaimSource: Send + Sync {
-    /// GETs the ResourceClaim `namespace/name`.
-    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>>;
+    /// GETs the ResourceClaim `namespace/name`, giving up at `deadline` (the end of the
+    /// call's [`FETCH_BUDGET`]).
+    fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: Instant,
+    ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>>;
 }
 
 /// What the preparer needs to know about the node and its paths.
@@ -396,7 +439,7 @@ impl Preparer {
         })
     }
 
-    async fn prepare_one(&self, claim: ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+    async fn prepare_one(&self, claim: ClaimRef, deadline: Instant) -> Result<Vec<PreparedDevice>, PrepareError> {
         if !cdi::is_valid_uid(&claim.uid) {
             return Err(PrepareError::InvalidUid { uid: claim.uid });
         }
@@ -423,7 +466,8 @@ impl Preparer {
             tracing::debug!(claim.uid = %rec.uid, "claim already prepared; answered from state");
             return Ok(answer(&rec));
         }
-        let fetched = self.inner.claims.get_claim(&claim.namespace, &claim.name).await.map_err(PrepareError::Fetch)?;
+        let fetched =
+            self.inner.claims.get_claim(&claim.namespace, &claim.name, deadline).await.map_err(PrepareError::Fetch)?;
         let inventory = self.inner.inventory.borrow().clone();
         let devices = plan::plan(&self.inner.settings, &claim, &fetched, &inventory)?;
         let gpus = plan::timeslicing_gpus(&devices, &inventory);
@@ -614,17 +658,18 @@ fn message(e: &PrepareError) -> String {
 
 impl DraHandler for Preparer {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
+        let deadline = crate::kube::backoff::deadline_in(FETCH_BUDGET);
         let calls = claims.into_iter().map(|c| async move {
             let uid = c.uid.clone();
             let span =
                 tracing::info_span!("prepare", claim.uid = %uid, claim.namespace = %c.namespace, claim.name = %c.name);
-            let r = tracing::Instrument::instrument(self.prepare_one(c), span).await;
+            let r = tracing::Instrument::instrument(self.prepare_one(c, deadline), span).await;
             if let Err(e) = &r {
                 tracing::warn!(claim.uid = %uid, error = %message(e), "prepare failed");
             }
             (uid, r.map_err(|e| message(&e)))
         });
-        join_all(calls).await.into_iter().collect()
+        futures_util::stream::iter(calls).buffer_unordered(CLAIMS_AT_ONCE).collect().await
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {

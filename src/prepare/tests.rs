@@ -34,7 +34,12 @@ impl MemClaims {
 }
 
 impl ClaimSource for MemClaims {
-    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+    fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        _deadline: Instant,
+    ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
         self.fetches.fetch_add(1, Ordering::SeqCst);
         let got = self.claims.lock().unwrap().get(&format!("{namespace}/{name}")).cloned();
         let (namespace, name) = (namespace.to_string(), name.to_string());
@@ -320,7 +325,12 @@ async fn every_claim_in_a_call_gets_an_answer() {
 struct Unreachable;
 
 impl ClaimSource for Unreachable {
-    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+    fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        _deadline: Instant,
+    ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
         let source = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused").into();
         let e = ClaimFetchError::Api { namespace: namespace.into(), name: name.into(), source };
         Box::pin(async move { Err(e) })

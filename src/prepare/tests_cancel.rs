@@ -15,13 +15,18 @@ struct Occupying {
 }
 
 impl ClaimSource for Occupying {
-    fn get_claim(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+    fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: Instant,
+    ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
         if let Some(rx) = self.release.lock().unwrap().take() {
             tokio::task::spawn_blocking(move || {
                 let _ = rx.recv();
             });
         }
-        self.inner.get_claim(namespace, name)
+        self.inner.get_claim(namespace, name, deadline)
     }
 }
 

@@ -2,9 +2,10 @@
 //!
 //! It watches the slices of this node and driver (field selectors `spec.nodeName` and
 //! `spec.driver`, the only kind of list the node authorizer allows), keeps what it sees in
-//! memory, and whenever that or the inventory changes it applies [`plan`]: deletes with
-//! preconditions, updates, creates. Its own writes update the in-memory view at once, so
-//! their watch echoes cause no further writes; at steady state it makes none. A slice
+//! memory, and whenever that or the inventory changes it applies
+//! [`plan`](super::plan::plan): deletes with preconditions, updates, creates. Its own
+//! writes update the in-memory view at once, so their watch echoes cause no further
+//! writes; at steady state it makes none. A slice
 //! deleted by the kubelet or edited by someone else is repaired after a short debounce.
 //! Before creating slices it re-reads the Node, so a Node deleted and registered again
 //! (which takes the slices with it) gets slices owned by its new uid.

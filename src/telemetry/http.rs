@@ -6,10 +6,12 @@
 //! and HTTP/2 via hyper; nothing served here is secret: counts, states and error
 //! messages that are also logged.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,7 +20,7 @@ use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::{self, AbortHandle, JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
 use super::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
@@ -27,9 +29,12 @@ use crate::publish::reconcile::PublishStatus;
 
 /// How long open connections may finish after shutdown.
 const DRAIN: Duration = Duration::from_secs(1);
-/// How long a client may take to send its request headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; more are closed on accept (scrapers need one or two).
+/// How long a client may take from connecting (or from its last answer) to sending the
+/// headers of a request: probes and scrapers send theirs at once.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
+/// Connections served at once (scrapers and probes need one or two). A new connection
+/// over the limit closes the oldest open one, so connections that stall or idle can
+/// never keep a liveness probe out.
 const MAX_CONNECTIONS: usize = 64;
 /// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
@@ -196,24 +201,35 @@ impl MetricsListener {
 
 async fn accept_loop(listener: TcpListener, endpoints: Arc<Endpoints>, mut shutdown: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
+    // Open connections, oldest first.
+    let mut open: VecDeque<(task::Id, AbortHandle)> = VecDeque::new();
     loop {
         tokio::select! {
             _ = stopped(&mut shutdown) => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) if connections.len() >= MAX_CONNECTIONS => {
-                    warn!(%peer, limit = MAX_CONNECTIONS, "too many metrics connections; closing a new one");
-                    drop(stream);
-                }
                 Ok((stream, peer)) => {
+                    if open.len() >= MAX_CONNECTIONS
+                        && let Some((_, oldest)) = open.pop_front()
+                    {
+                        warn!(%peer, limit = MAX_CONNECTIONS, "too many metrics connections; closing the oldest");
+                        oldest.abort();
+                    }
                     debug!(%peer, "metrics connection");
-                    connections.spawn(connection(stream, Arc::clone(&endpoints), shutdown.clone()));
+                    let handle = connections.spawn(connection(stream, Arc::clone(&endpoints), shutdown.clone()));
+                    open.push_back((handle.id(), handle));
                 }
                 Err(e) => {
                     warn!(error = %e, "accepting a metrics connection failed");
                     tokio::time::sleep(ACCEPT_PAUSE).await;
                 }
             },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(done) = connections.join_next_with_id(), if !connections.is_empty() => {
+                let id = match &done {
+                    Ok((id, ())) => *id,
+                    Err(e) => e.id(),
+                };
+                open.retain(|(open_id, _)| *open_id != id);
+            }
         }
     }
     drop(listener);
@@ -226,7 +242,12 @@ async fn accept_loop(listener: TcpListener, endpoints: Arc<Endpoints>, mut shutd
 }
 
 async fn connection(stream: TcpStream, endpoints: Arc<Endpoints>, mut shutdown: watch::Receiver<bool>) {
+    // hyper's header timeout starts only once HTTP/1 is chosen: a client that connects and
+    // sends nothing (or too little to tell HTTP/1 from HTTP/2) is closed here instead.
+    let requested = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&requested);
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        seen.store(true, Ordering::Relaxed);
         let res = endpoints.respond(&req);
         async move { Ok::<_, Infallible>(res) }
     });
@@ -234,8 +255,18 @@ async fn connection(stream: TcpStream, endpoints: Arc<Endpoints>, mut shutdown: 
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
     let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
+    let silent = async {
+        tokio::time::sleep(HEADER_TIMEOUT).await;
+        if requested.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+    };
     let result = tokio::select! {
         r = conn.as_mut() => r,
+        _ = silent => {
+            debug!("closing a metrics connection that sent no request in time");
+            return;
+        }
         _ = stopped(&mut shutdown) => {
             conn.as_mut().graceful_shutdown();
             conn.await

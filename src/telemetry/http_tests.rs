@@ -244,29 +244,47 @@ async fn shutdown_ends_the_server_with_a_connection_still_open() {
     assert!(TcpStream::connect(env.addr).await.is_err(), "the address is no longer served");
 }
 
-#[tokio::test]
-async fn connections_over_the_limit_are_closed_and_served_again_once_others_end() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let env = start(&CallMetrics::new());
-    let mut idle = Vec::new();
-    for _ in 0..MAX_CONNECTIONS {
-        idle.push(TcpStream::connect(env.addr).await.expect("connect"));
-    }
-    let mut extra = TcpStream::connect(env.addr).await.expect("connect");
-    extra.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").await.expect("write");
-    let mut buf = [0u8; 64];
-    let read = extra.read(&mut buf).await;
-    assert!(matches!(read, Ok(0) | Err(_)), "the connection over the limit is closed: {read:?}");
+/// A connection that sent the start of a request and then stalls.
+async fn stalled(addr: SocketAddr) -> TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHo").await.expect("write");
+    s
+}
 
-    drop(idle);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = tokio::time::timeout(Duration::from_secs(2), try_request(env.addr, Method::GET, "/healthz")).await;
-        if matches!(&answer, Ok(Some(a)) if a.status == StatusCode::OK) {
-            break;
+#[tokio::test]
+async fn stalled_connections_cannot_keep_health_checks_out() {
+    let env = start(&CallMetrics::new());
+    let mut slow = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        slow.push(stalled(env.addr).await);
+    }
+    // Every slot is held by a client that will not finish its headers for seconds.
+    let answer = try_request(env.addr, Method::GET, "/healthz").await;
+    assert!(matches!(&answer, Some(a) if a.status == StatusCode::OK), "healthz behind 64 stalled clients");
+    // A client that keeps opening stalled connections does not keep probes out either.
+    for round in 0..5 {
+        for _ in 0..MAX_CONNECTIONS / 2 {
+            slow.push(stalled(env.addr).await);
         }
-        assert!(tokio::time::Instant::now() < deadline, "served again after the idle connections closed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        let answer = try_request(env.addr, Method::GET, "/healthz").await;
+        assert!(matches!(&answer, Some(a) if a.status == StatusCode::OK), "round {round}");
+    }
+    let _ = env.stop.send(true);
+}
+
+#[tokio::test]
+async fn silent_and_stalled_connections_are_closed_after_the_header_timeout() {
+    use tokio::io::AsyncReadExt;
+    let env = start(&CallMetrics::new());
+    // One sends nothing at all (hyper cannot even tell its HTTP version), one half a request.
+    let mut silent = TcpStream::connect(env.addr).await.expect("connect");
+    let mut half = stalled(env.addr).await;
+    for (what, s) in [("silent", &mut silent), ("stalled", &mut half)] {
+        let mut buf = [0u8; 256];
+        // Generous: the point is that it ends, not exactly when.
+        let read = tokio::time::timeout(HEADER_TIMEOUT * 10, s.read(&mut buf)).await;
+        assert!(read.is_ok(), "the {what} connection is still open after {:?}", HEADER_TIMEOUT * 10);
     }
     let _ = env.stop.send(true);
 }

@@ -5,6 +5,7 @@
 
 mod crash;
 mod diskfull;
+mod misbehaving;
 mod offline;
 mod pool;
 mod preparing;

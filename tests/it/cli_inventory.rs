@@ -114,3 +114,26 @@ fn without_nvml_it_fails_clearly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--backend auto") && err.contains("--backend mock"), "{err}");
 }
+
+#[test]
+fn out_of_range_durations_and_rates_exit_64_naming_each_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = "backend = \"mock\"\nnode_name = \"n1\"\n\
+        [kubernetes]\nrequest_timeout = \"18446744073709551615\"\nqps = 1e-300\nburst = 1\n\
+        [publish]\nrediscovery_interval = \"18446744073709551615\"\n\
+        [plugin]\nshutdown_grace = 9223372036854775807\n\
+        [mock]\ngpus = 2\nmig = [{ gpu = 4294967296, profiles = [\"1g.10gb\"] }]\n";
+    let out = edra(dir.path(), config, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    for expected in [
+        "kubernetes.request_timeout: must be from 1s to 5m, found \"18446744073709551615\"",
+        "kubernetes.qps: must be from 0.1 to 10000, found 1e-300",
+        "publish.rediscovery_interval: must be from 1s to 24h",
+        "plugin.shutdown_grace: must be from 0s to 10m, found 9223372036854775807",
+        "mock.mig: entry 0: gpu must be a GPU index from 0 to 1",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+    assert!(out.stdout.is_empty());
+}

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use edra::config::Paths;
+
 use crate::support::apiserver::{ApiVersion, Identity, Options, TestApiServer};
+use crate::support::layout::{paths_toml, toml_path};
 
 /// A node's directories under a temp dir, with an edra config file pointing at them.
 struct Node {
@@ -40,26 +43,27 @@ impl Node {
         self.dir.path().join(rel)
     }
 
-    /// Writes edra.toml with every path under the temp dir and this kubeconfig.
+    /// Writes edra.toml with every path under the temp dir and this kubeconfig (the host's
+    /// own /proc and /sys, which the doctor reads).
     fn config(&self, kubeconfig: &Path) -> PathBuf {
-        let p = |rel: &str| self.path(rel).display().to_string();
+        let p = |rel: &str| toml_path(&self.path(rel));
+        let paths = Paths {
+            cdi_spec_dirs: vec![self.path("etc/cdi"), self.path("run/cdi")],
+            cdi_dynamic_dir: self.path("run/cdi"),
+            proc_root: "/proc".into(),
+            sys_root: "/sys".into(),
+            ..Paths::under(self.dir.path())
+        };
         let text = format!(
             "node_name = \"n1\"\nbackend = \"mock\"\n\
-             [kubernetes]\nkubeconfig = \"{kc}\"\nk3s_kubelet_kubeconfig = \"{none}\"\nk3s_server_kubeconfig = \"{none}\"\n\
-             service_account_dir = \"{none}\"\n\
-             [kubelet]\nroot_dir = \"{kubelet}\"\n\
-             [cdi]\nspec_dirs = [\"{etc_cdi}\", \"{run_cdi}\"]\ndynamic_dir = \"{run_cdi}\"\n\
-             [paths]\nstate_dir = \"{state}\"\ndriver_root = \"{root}\"\ndev_root = \"{dev}\"\n\
-             [runtime]\nk3s_containerd_config = \"{k3s}\"\ncontainerd_config = \"{none}\"\n\
-             crio_config = \"{none}\"\ncrio_config_dir = \"{none}\"\n",
-            kc = kubeconfig.display(),
+             [kubernetes]\nkubeconfig = {kc}\nk3s_kubelet_kubeconfig = {none}\nk3s_server_kubeconfig = {none}\n\
+             service_account_dir = {none}\n\
+             {paths}\
+             [runtime]\nk3s_containerd_config = {k3s}\ncontainerd_config = {none}\n\
+             crio_config = {none}\ncrio_config_dir = {none}\n",
+            kc = toml_path(kubeconfig),
             none = p("none"),
-            kubelet = p("kubelet"),
-            etc_cdi = p("etc/cdi"),
-            run_cdi = p("run/cdi"),
-            state = p("state"),
-            root = p("driver"),
-            dev = p("dev"),
+            paths = paths_toml(&paths),
             k3s = p("k3s/config.toml"),
         );
         let file = self.path("edra.toml");

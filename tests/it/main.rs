@@ -15,4 +15,5 @@ mod manifests;
 mod metrics;
 mod packaging;
 mod plugin_grpc;
+mod runtime;
 mod support;

@@ -114,8 +114,8 @@ async fn many_kubelet_style_calls_share_one_connection() {
     // These clients never answer the server's shutdown PING, so they are closed first.
     drop(raw);
     let started = std::time::Instant::now();
-    server.shutdown(std::time::Duration::from_secs(5)).await;
-    assert!(started.elapsed() < std::time::Duration::from_secs(2), "took {:?}", started.elapsed());
+    server.shutdown(std::time::Duration::from_secs(30)).await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "took {:?}", started.elapsed());
 }
 
 /// A Registration service without the fix, to show what the kubelet would get.

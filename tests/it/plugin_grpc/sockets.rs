@@ -149,7 +149,7 @@ async fn connections_left_open_are_closed_after_the_grace_period() {
     raw.get_info(&kubelet::percent_encoded(&dirs.registration_socket())).await.unwrap();
     let started = Instant::now();
     server.shutdown(Duration::from_millis(200)).await;
-    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
     tokio::time::timeout(Duration::from_secs(5), raw.wait_closed()).await.expect("the server closed the connection");
     assert!(!exists(&dirs.registration_socket()));
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use edra::app::AppError;
-use edra::config::{Config, LoadContext, Overrides};
+use edra::config::{Config, LoadContext, Overrides, Paths};
 use edra::plugin::ClaimRef;
 use edra::plugin::proto::dra_v1 as v1;
 use edra::plugin::proto::dra_v1::dra_plugin_client::DraPluginClient as V1Client;
@@ -23,6 +23,7 @@ use tonic::transport::Channel;
 
 use super::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, TestApiServer};
 use super::kubelet;
+use super::layout::{paths_toml, toml_path};
 
 pub const DRIVER: &str = "gpu.edra.dev";
 pub const NODE: &str = "n1";
@@ -190,19 +191,19 @@ impl NodeFs {
     }
 
     pub fn cdi_dir(&self) -> PathBuf {
-        self.root.join("cdi/dynamic")
+        self.paths().cdi_dynamic_dir
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.root.join("state")
+        self.paths().state_dir
     }
 
     pub fn dra_socket(&self) -> PathBuf {
-        self.root.join("kubelet/plugins").join(DRIVER).join("dra.sock")
+        self.paths().dra_socket(DRIVER)
     }
 
     pub fn registration_socket(&self) -> PathBuf {
-        self.root.join("kubelet/plugins_registry").join(format!("{DRIVER}-reg.sock"))
+        self.paths().registration_socket(DRIVER)
     }
 
     /// edra's claim spec files in the dynamic CDI directory, sorted.
@@ -223,29 +224,26 @@ impl NodeFs {
         self.cdi_dir().join(format!("k8s.{DRIVER}-claim_{uid}.json"))
     }
 
+    /// The layout below `root`, with static and dynamic CDI directories of its own.
+    pub fn paths(&self) -> Paths {
+        let cdi = self.root.join("cdi");
+        Paths {
+            cdi_spec_dirs: vec![cdi.join("static"), cdi.join("dynamic")],
+            cdi_dynamic_dir: cdi.join("dynamic"),
+            ..Paths::under(&self.root)
+        }
+    }
+
     fn toml(&self, node: &str, kubeconfig: &Path, mock: &str) -> String {
-        let s = |p: PathBuf| toml::Value::String(p.display().to_string()).to_string();
-        let r = |rel: &str| s(self.root.join(rel));
         format!(
             "node_name = \"{node}\"\nbackend = \"mock\"\n\
              [kubernetes]\nkubeconfig = {kc}\n\
-             [kubelet]\nroot_dir = {kubelet}\nplugins_dir = {plugins}\nregistry_dir = {registry}\n\
-             [cdi]\nspec_dirs = [{static_}, {dynamic}]\ndynamic_dir = {dynamic}\n\
-             [paths]\nstate_dir = {state}\ndriver_root = {driver}\ndev_root = {dev}\nproc_root = {proc}\nsys_root = {sys}\n\
+             {paths}\
              [plugin]\nshutdown_grace = \"2s\"\n\
              [metrics]\naddress = \"\"\n\
              [mock]\n{mock}\n",
-            kc = s(kubeconfig.to_path_buf()),
-            kubelet = r("kubelet"),
-            plugins = r("kubelet/plugins"),
-            registry = r("kubelet/plugins_registry"),
-            static_ = r("cdi/static"),
-            dynamic = r("cdi/dynamic"),
-            state = r("state"),
-            driver = r("driver"),
-            dev = r("dev"),
-            proc = r("proc"),
-            sys = r("sys"),
+            kc = toml_path(kubeconfig),
+            paths = paths_toml(&self.paths()),
         )
     }
 }

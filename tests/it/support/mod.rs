@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod apiserver;
 pub mod kubelet;
+pub mod layout;
 pub mod nvidia_smi;
 pub mod nvml;
 pub mod procfs;

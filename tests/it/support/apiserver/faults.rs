@@ -1,5 +1,5 @@
 //! Fault injection controlled by the test: answer the next N matching requests with a 500,
-//! a 429 with `Retry-After`, or delay them. Connection-level faults (refusing connections,
+//! a 429 or 503 with `Retry-After` (header, Status details or both), or delay them. Connection-level faults (refusing connections,
 //! stop/restart, closing watches) live on the handle in `mod.rs`.
 
 use std::time::Duration;
@@ -13,6 +13,9 @@ pub enum FaultAction {
     InternalError,
     /// `429 TooManyRequests` Status with `Retry-After: secs`.
     TooManyRequests { retry_after_secs: u64 },
+    /// An error status `code` (429 or 503) with a `Retry-After` header of `header_secs`
+    /// and/or `details.retryAfterSeconds` of `details_secs` (either may be absent).
+    Throttled { code: u16, header_secs: Option<u64>, details_secs: Option<u64> },
     /// Wait this long, then serve the request normally.
     Delay(Duration),
 }

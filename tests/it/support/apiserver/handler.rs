@@ -234,6 +234,9 @@ async fn serve(
         Some(FaultAction::TooManyRequests { retry_after_secs }) => {
             return Err(ApiError::too_many_requests(retry_after_secs));
         }
+        Some(FaultAction::Throttled { code, header_secs, details_secs }) => {
+            return Err(ApiError::throttled(code, header_secs, details_secs));
+        }
         Some(FaultAction::Delay(delay)) => tokio::time::sleep(delay).await,
         None => {}
     }

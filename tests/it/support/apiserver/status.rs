@@ -155,6 +155,15 @@ impl ApiError {
         err
     }
 
+    /// A 429 or 503 whose delay is in the `Retry-After` header, in `details`, both or neither.
+    pub fn throttled(code: u16, header_secs: Option<u64>, details_secs: Option<u64>) -> Self {
+        let reason = if code == 429 { "TooManyRequests" } else { "ServiceUnavailable" };
+        let details = details_secs.map(|secs| json!({"retryAfterSeconds": secs}));
+        let mut err = Self::new(code, reason, "please try again later".to_owned(), details);
+        err.retry_after = header_secs;
+        err
+    }
+
     pub fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(
             415,

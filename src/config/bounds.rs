@@ -1,0 +1,105 @@
+//! The ranges of edra's numeric keys (durations, rates, counts). A value outside its range
+//! is a configuration problem naming the key and the range (exit 64), never a value that
+//! overflows a clock or a conversion later. docs/configuration.md lists the same ranges.
+
+use std::time::Duration;
+
+use super::source::{Raw, duration, uint};
+
+/// An inclusive range of durations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationRange {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+/// `kubernetes.request_timeout`: a request needs a moment; more than five minutes only
+/// hides a dead connection (prepares are cut at 20 s anyway).
+pub const REQUEST_TIMEOUT: DurationRange = DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(300) };
+/// `publish.rediscovery_interval`: from every second to once a day.
+pub const REDISCOVERY_INTERVAL: DurationRange =
+    DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(86_400) };
+/// `plugin.shutdown_grace`: zero (abort calls at once) up to ten minutes.
+pub const SHUTDOWN_GRACE: DurationRange = DurationRange { min: Duration::ZERO, max: Duration::from_secs(600) };
+
+/// `kubernetes.qps`: one request every ten seconds up to 10,000 per second.
+pub const QPS: (f64, f64) = (0.1, 10_000.0);
+/// `kubernetes.burst`.
+pub const BURST: (u64, u64) = (1, 10_000);
+/// `mock.gpus`.
+pub const MOCK_GPUS: (u64, u64) = (0, 64);
+/// `mock.multiprocessors`: more than any GPU has, far from overflowing MIG arithmetic.
+pub const MOCK_MULTIPROCESSORS: (u64, u64) = (1, 10_000);
+/// `mock.memory`: 1 MiB to 1 PiB (1024Ti).
+pub const MOCK_MEMORY: (u64, u64) = (1 << 20, 1 << 50);
+
+/// Renders a duration the way the configuration is written (`500ms`, `30s`, `10m`, `24h`).
+pub fn show(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".into(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// A duration within `range`.
+pub fn duration_in(range: DurationRange) -> impl Fn(&Raw) -> Result<Duration, String> {
+    move |raw| {
+        let d = duration(raw)?;
+        if d < range.min || d > range.max {
+            return Err(format!("must be from {} to {}, found {}", show(range.min), show(range.max), shown_raw(raw)));
+        }
+        Ok(d)
+    }
+}
+
+/// A number within `min..=max`.
+pub fn f64_in((min, max): (f64, f64)) -> impl Fn(&Raw) -> Result<f64, String> {
+    move |raw| {
+        let v = match raw {
+            // Integers beyond 2^53 round; they are out of range anyway.
+            Raw::Toml(toml::Value::Integer(i)) => *i as f64,
+            Raw::Toml(toml::Value::Float(f)) => *f,
+            Raw::Text(s) => s.trim().parse::<f64>().map_err(|_| format!("expected a number, found {s:?}"))?,
+            Raw::Toml(other) => return Err(format!("expected a number, found {}", other.type_str())),
+        };
+        // NaN fails both comparisons, so it is tested on its own.
+        if v.is_nan() || v < min || v > max {
+            return Err(format!("must be from {min} to {max}, found {}", shown_raw(raw)));
+        }
+        Ok(v)
+    }
+}
+
+/// A whole number within `min..=max`.
+pub fn uint_in((min, max): (u64, u64)) -> impl Fn(&Raw) -> Result<u64, String> {
+    move |raw| {
+        let n = uint(raw).map_err(|e| format!("{e} (allowed: {min} to {max})"))?;
+        if n < min || n > max {
+            return Err(format!("must be from {min} to {max}, found {n}"));
+        }
+        Ok(n)
+    }
+}
+
+/// A whole number within `min..=max` that fits a `u32` (every such range does).
+pub fn u32_in(range: (u64, u64)) -> impl Fn(&Raw) -> Result<u32, String> {
+    let check = uint_in(range);
+    move |raw| {
+        let n = check(raw)?;
+        u32::try_from(n).map_err(|_| format!("{n} is too large"))
+    }
+}
+
+/// The value as the user wrote it, for messages.
+fn shown_raw(raw: &Raw) -> String {
+    match raw {
+        Raw::Toml(toml::Value::String(s)) | Raw::Text(s) => format!("{s:?}"),
+        // `1e-300`, not three hundred digits.
+        Raw::Toml(toml::Value::Float(f)) if *f != 0.0 && !(1e-3..1e6).contains(&f.abs()) => format!("{f:e}"),
+        Raw::Toml(v) => v.to_string(),
+    }
+}
