@@ -189,8 +189,7 @@ pub async fn run_signalling(
     let readiness =
         tokio::spawn(report_readiness(plugin.registration(), status_rx, notifier.clone(), shutdown.clone()));
 
-    // A dropped sender stops the agent too.
-    let _ = shutdown.wait_for(|stop| *stop).await;
+    stopped(&mut shutdown).await;
     if let Some(n) = &notifier {
         let _ = n.stopping();
     }
@@ -257,11 +256,7 @@ fn systemd_notifier() -> Option<Arc<Notifier>> {
 
 /// Pings systemd's watchdog (when it asks for that) until shutdown.
 async fn ping_watchdog(notifier: Arc<Notifier>, mut shutdown: watch::Receiver<bool>) {
-    notifier
-        .run_watchdog(async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        })
-        .await
+    notifier.run_watchdog(async move { stopped(&mut shutdown).await }).await
 }
 
 /// Re-opens the state store whenever it is poisoned (a change could not be made durable),

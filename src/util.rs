@@ -19,11 +19,9 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-/// Returns once `shutdown` is true; never, if its sender is gone while it is false.
+/// Returns once `shutdown` is true, or its sender is gone (as `edra run` stops then too).
 pub async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
-    if shutdown.wait_for(|stop| *stop).await.is_err() {
-        std::future::pending::<()>().await;
-    }
+    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 /// Runs `work` unless `shutdown` turns true first (`None` then).

@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 use super::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
 use crate::plugin::RegistrationState;
 use crate::publish::reconcile::PublishStatus;
+use crate::util::stopped;
 
 /// How long open connections may finish after shutdown.
 const DRAIN: Duration = Duration::from_secs(1);
@@ -275,11 +276,6 @@ async fn connection(stream: TcpStream, endpoints: Arc<Endpoints>, mut shutdown: 
     if let Err(e) = result {
         debug!(error = %e, "metrics connection ended with an error");
     }
-}
-
-/// Resolves once `shutdown` is true (or its sender is gone).
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 #[cfg(test)]
