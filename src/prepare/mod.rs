@@ -228,7 +228,7 @@ pub enum PrepareError {
     #[error("invalid GpuConfig")]
     Config(#[source] config::ConfigError),
     /// A sharing strategy edra does not implement yet.
-    #[error("sharing strategy {strategy:?} (request {request}) is not supported yet; use Exclusive")]
+    #[error("sharing strategy {strategy:?} (request {request}) is not supported yet; use Exclusive or TimeSlicing")]
     UnsupportedSharing {
         /// The strategy.
         strategy: config::Strategy,
