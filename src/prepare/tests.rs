@@ -123,7 +123,7 @@ impl Fixture {
             hook_binary: "/usr/bin/edra".into(),
             nvidia_smi: crate::gpu::timeslice::NvidiaSmi::new(Some(&smi.path), &root.join("driver"), None),
         };
-        let store = Store::open(&root.join("state")).unwrap();
+        let store = open_when_unlocked(&root.join("state"));
         let claims = Arc::new(MemClaims::default());
         let modes = Arc::new(FileModes::at(root.join("gpu-modes")));
         let preparer = Preparer::new(store, rx, claims.clone(), settings, modes.clone());
@@ -135,13 +135,27 @@ impl Fixture {
         let Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi } = self;
         let settings = preparer.settings().clone();
         drop(preparer);
-        let store = Store::open(&root.join("state")).unwrap();
+        let store = open_when_unlocked(&root.join("state"));
         let preparer = Preparer::new(store, inventory_tx.subscribe(), claims.clone(), settings, modes.clone());
         Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi }
     }
 
     pub fn cdi_dir(&self) -> PathBuf {
         self.preparer.settings().cdi_dir.clone()
+    }
+}
+
+/// Opens the store in `dir`, waiting (bounded) for the lock of a just-closed one to clear:
+/// a child another test thread is spawning holds the descriptors until its exec.
+pub(super) fn open_when_unlocked(dir: &Path) -> Store {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match Store::open(dir) {
+            Err(e) if crate::state::lock_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.unwrap(),
+        }
     }
 }
 

@@ -434,7 +434,17 @@ impl Store {
         // The old handles go first: sled holds a lock on its files while open.
         drop(guard.take());
         let dir = &self.inner.dir;
-        let db = Db::open(dir)?;
+        // sled's lock on the files we just closed can outlive them a moment: a child being
+        // spawned (nvidia-smi, by another thread) holds the descriptors until its exec.
+        let deadline = std::time::Instant::now() + REOPEN_LOCK_WAIT;
+        let db = loop {
+            match Db::open(dir) {
+                Err(e) if lock_busy(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => break other?,
+            }
+        };
         let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
         db.meta.insert(META_REOPENED, now_bytes().as_slice()).map_err(|e| sync_err(sled_io(e)))?;
         self.durable(&db).map_err(|(Failure::Plain(e) | Failure::Poison(e))| e)?;
@@ -626,6 +636,19 @@ impl Store {
             db.meta.insert(META_BOOT_ID, boot_id.as_bytes()).map_err(db_err("store the boot ID"))?;
             self.durable(db)
         })
+    }
+}
+
+/// How long a re-open waits for the lock on the database's files to clear.
+const REOPEN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether opening failed only because the database's lock is held.
+pub(crate) fn lock_busy(e: &StateError) -> bool {
+    match e {
+        StateError::Open { source: sled::Error::Io(io), .. } => {
+            io.kind() == io::ErrorKind::WouldBlock || io.to_string().contains("could not acquire lock")
+        }
+        _ => false,
     }
 }
 
