@@ -91,6 +91,7 @@ async fn crash_child() {
 }
 
 /// The crash tests' claim config: TimeSlicing (Short), so every failpoint is passed.
+#[cfg(debug_assertions)]
 fn time_sliced() -> serde_json::Value {
     json!([{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters":
         {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig",
