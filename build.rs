@@ -19,6 +19,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         // calling the plugin's own sockets); without the transport, so no extra features.
         .build_client(true)
         .build_transport(false)
+        // A malformed request is INVALID_ARGUMENT, not INTERNAL (src/plugin/proto.rs).
+        .codec_path("crate::plugin::proto::codec::Codec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -6,9 +6,17 @@
 #   packaging/check-deb.sh target/debian/edra_0.1.0-1_amd64.deb
 set -euo pipefail
 
-if [ $# -ne 1 ] || [ ! -f "$1" ]; then
+if [ $# -ne 1 ]; then
 	echo "usage: check-deb.sh FILE.deb" >&2
 	exit 64
+fi
+if [ ! -f "$1" ]; then
+	echo "check-deb.sh: $1: file not found (packaging/build-packages.sh prints where it wrote the packages)" >&2
+	exit 66
+fi
+if ! command -v dpkg-deb >/dev/null; then
+	echo "check-deb.sh: dpkg-deb is missing: apt-get install dpkg" >&2
+	exit 69
 fi
 deb="$1"
 work="$(mktemp -d)"

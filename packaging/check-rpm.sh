@@ -7,9 +7,17 @@
 #   packaging/check-rpm.sh target/generate-rpm/edra-0.1.0-1.x86_64.rpm
 set -euo pipefail
 
-if [ $# -ne 1 ] || [ ! -f "$1" ]; then
+if [ $# -ne 1 ]; then
 	echo "usage: check-rpm.sh FILE.rpm" >&2
 	exit 64
+fi
+if [ ! -f "$1" ]; then
+	echo "check-rpm.sh: $1: file not found (packaging/build-packages.sh prints where it wrote the packages)" >&2
+	exit 66
+fi
+if ! command -v rpm >/dev/null; then
+	echo "check-rpm.sh: the rpm tool is missing: apt-get install rpm (Debian, Ubuntu) or dnf install rpm" >&2
+	exit 69
 fi
 rpm="$1"
 work="$(mktemp -d)"

@@ -24,7 +24,7 @@ use crate::prepare::{PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
-use crate::telemetry::http::{Endpoints, MetricsListener, Readiness};
+use crate::telemetry::http::{Endpoints, HttpError, MetricsListener, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
 use crate::util::{error_chain, stopped, until_stopped};
@@ -136,7 +136,12 @@ pub async fn run_signalling(
     let _instance = crate::instance::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?;
 
     let metrics_listener = match config.metrics.address {
-        Some(address) => Some(MetricsListener::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
+        // A port in use may be freed by the time systemd restarts edra: a runtime failure
+        // (exit 1), not a configuration error (exit 64, which stops restarts).
+        Some(address) => Some(MetricsListener::bind(address).map_err(|e| match e {
+            HttpError::AddressInUse { .. } => AppError::Other(anyhow::Error::new(e)),
+            HttpError::Bind { .. } => AppError::Config(error_chain(&e)),
+        })?),
         None => None,
     };
 
@@ -193,9 +198,19 @@ pub async fn run_signalling(
     if let Some(n) = &notifier {
         let _ = n.stopping();
     }
-    plugin.shutdown(config.shutdown_grace).await;
+    let aborted = plugin.shutdown(config.shutdown_grace).await;
     for task in [publishing, rediscovering, readiness, healing].into_iter().chain(watchdog).chain(serving_metrics) {
         let _ = task.await;
+    }
+    if aborted > 0 {
+        // The kubelet retries them; the exit status tells systemd the stop was not clean.
+        error!(aborted, "stopped; kubelet calls still running after the grace period were aborted");
+        return Err(AppError::Other(anyhow::anyhow!(
+            "stopped after aborting {aborted} kubelet call{} still running after the {}s grace period \
+             (plugin.shutdown_grace); the kubelet retries them",
+            if aborted == 1 { "" } else { "s" },
+            config.shutdown_grace.as_secs_f64()
+        )));
     }
     info!("stopped");
     Ok(())
@@ -228,18 +243,11 @@ async fn open_and_recover(
     let preparer =
         Preparer::new(store, inventory, cluster, PrepareSettings::from_config(config, hook_binary), compute_modes);
     let recovering = preparer.clone();
-    let report = tokio::task::spawn_blocking(move || recovering.recover())
+    // Recovery logs what it did ("state recovered").
+    tokio::task::spawn_blocking(move || recovering.recover())
         .await
         .map_err(|e| anyhow::anyhow!("recovery failed: {e}"))?
         .map_err(anyhow::Error::new)?;
-    info!(
-        rebooted = report.rebooted,
-        rolled_back = report.rolled_back.len(),
-        rewritten = report.rewritten.len(),
-        orphans_removed = report.orphans_removed.len(),
-        gpus_reapplied = report.gpus_reapplied.len(),
-        "state recovered"
-    );
     Ok(preparer)
 }
 
@@ -266,13 +274,12 @@ async fn heal_state(preparer: Preparer, mut shutdown: watch::Receiver<bool>) {
     let mut health = preparer.store().health();
     let mut backoff = kube::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     loop {
-        tokio::select! {
-            r = health.wait_for(Option::is_some) => if r.is_err() { return },
-            _ = shutdown.wait_for(|s| *s) => return,
+        match until_stopped(health.wait_for(Option::is_some), &mut shutdown).await {
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => return,
         }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff.next_delay()) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
+        if until_stopped(tokio::time::sleep(backoff.next_delay()), &mut shutdown).await.is_none() {
+            return;
         }
         let healing = preparer.clone();
         match tokio::task::spawn_blocking(move || healing.heal()).await {

@@ -159,7 +159,8 @@ pub struct RunArgs {
     /// Node and device selection.
     #[command(flatten)]
     pub node: NodeArgs,
-    /// Kubeconfig to use [default: KUBECONFIG, in-cluster, then the k3s kubeconfigs].
+    /// Kubeconfig to use [default: the first found of KUBECONFIG, ~/.kube/config, in-cluster
+    /// (service account), the k3s kubelet kubeconfig, the k3s server kubeconfig]
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Context to use from the kubeconfig.
@@ -281,6 +282,36 @@ impl RunArgs {
 }
 
 impl Cli {
+    /// A usage error when configuration flags were given to a command that reads no
+    /// configuration (`edra hook`, `edra version`), instead of ignoring them silently.
+    pub fn unused_global_flags(&self) -> Option<clap::Error> {
+        let command = match &self.command {
+            Command::Hook(h) => format!("hook {}", h.command.name()),
+            Command::Version => "version".to_string(),
+            Command::Run(_) | Command::Inventory(_) | Command::Doctor(_) => return None,
+        };
+        let g = &self.global;
+        let given: Vec<&str> = [
+            (g.config.is_some(), "--config"),
+            (!g.set.is_empty(), "--set"),
+            (g.log_format.is_some(), "--log-format"),
+            (g.log_level.is_some(), "--log-level"),
+        ]
+        .into_iter()
+        .filter_map(|(set, flag)| set.then_some(flag))
+        .collect();
+        if given.is_empty() {
+            return None;
+        }
+        let message = format!(
+            "edra {command} reads no configuration and logs nothing, so {} cannot apply to it; remove {}",
+            given.join(", "),
+            if given.len() == 1 { "it" } else { "them" }
+        );
+        let mut cmd = <Self as clap::CommandFactory>::command();
+        Some(cmd.error(clap::error::ErrorKind::ArgumentConflict, message))
+    }
+
     /// The configuration load context for this invocation, from the real process.
     pub fn load_context(&self) -> Result<LoadContext, Vec<String>> {
         let mut overrides = Overrides::default();

@@ -18,6 +18,17 @@ pub enum Strategy {
     Mps,
 }
 
+impl std::fmt::Display for Strategy {
+    /// The name as written in a claim's configuration (`"MPS"`, not `Mps`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Strategy::Exclusive => "Exclusive",
+            Strategy::TimeSlicing => "TimeSlicing",
+            Strategy::Mps => "MPS",
+        })
+    }
+}
+
 /// Time-slice length for `TimeSlicing`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Interval {

@@ -6,6 +6,11 @@ use std::process::Command;
 
 use super::*;
 
+/// The tests' C compiler helper (honours `CC`), shared with the integration tests.
+mod cc {
+    include!("../tests/it/support/cc.rs");
+}
+
 struct Bundle {
     _tmp: tempfile::TempDir,
     bundle: PathBuf,
@@ -39,13 +44,9 @@ fn compile_library(dir: &Path) {
     let src = dir.join("t.c");
     std::fs::write(&src, "int edra_test_answer(void) { return 42; }\n").unwrap();
     let out = dir.join("libedratest.so.1.0");
-    let status = Command::new("cc")
-        .args(["-shared", "-fPIC", "-Wl,-soname,libedratest.so.1", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("a C compiler (cc) is needed for this test");
-    assert!(status.success());
+    if let Err(e) = cc::shared_library(&src, &out, "libedratest.so.1", &[]) {
+        panic!("{e}");
+    }
     std::fs::remove_file(src).unwrap();
 }
 

@@ -26,6 +26,8 @@ pub mod cli;
 pub mod config;
 pub mod device_config;
 pub mod doctor;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gpu;
 pub mod hook;
 pub mod instance;

@@ -13,7 +13,13 @@ use edra::config::Config;
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_failure(&e),
+    };
+    if let Some(e) = cli.unused_global_flags() {
+        return usage_failure(&e);
+    }
     if let Command::Version = cli.command {
         println!("edra {}", edra::VERSION);
         println!("target: {}-{}", std::env::consts::ARCH, std::env::consts::OS);
@@ -94,14 +100,30 @@ fn doctor(config: &Config, output: Option<DoctorOutputArg>) -> ExitCode {
     }
 }
 
+/// Prints clap's message; `--help` and `--version` exit 0, every usage error 64 (clap
+/// itself would exit 2, which systemd's `RestartPreventExitStatus=64` does not catch).
+fn usage_failure(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let _ = e.print();
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+        _ => ExitCode::from(EXIT_CONFIG),
+    }
+}
+
 fn config_failure(problems: Vec<String>) -> ExitCode {
     eprintln!(
         "edra: invalid configuration ({} problem{}):",
         problems.len(),
         if problems.len() == 1 { "" } else { "s" }
     );
+    // A problem of several lines keeps them under its bullet.
     for p in problems {
-        eprintln!("  - {p}");
+        let mut lines = p.lines();
+        eprintln!("  - {}", lines.next().unwrap_or_default());
+        for line in lines {
+            eprintln!("    {line}");
+        }
     }
     ExitCode::from(EXIT_CONFIG)
 }

@@ -291,7 +291,7 @@ impl Config {
         if let Some(path) = &file {
             match std::fs::read_to_string(path) {
                 Ok(text) => match toml::from_str::<toml::Table>(&text) {
-                    Ok(table) => reader = reader.with_toml(path, table),
+                    Ok(table) => reader = reader.with_toml(path, table).with_key_lines(&source::key_lines(&text)),
                     Err(e) => early.push(Problem {
                         key: String::new(),
                         origin: Some(Origin::File(path.clone())),
@@ -398,6 +398,19 @@ impl Config {
     }
 }
 
+/// `paths.state_dir`: an absolute path that is a directory or does not exist yet (then edra
+/// creates it), so a file there is reported here rather than as "File exists" at start.
+fn state_dir(raw: &Raw) -> Result<PathBuf, String> {
+    let dir = abs_path(raw)?;
+    match std::fs::metadata(&dir) {
+        Ok(m) if !m.is_dir() => Err(format!(
+            "{} exists and is not a directory; set paths.state_dir to a directory (edra creates it when missing)",
+            dir.display()
+        )),
+        _ => Ok(dir),
+    }
+}
+
 /// `[kubernetes]`: credentials and the client's limits.
 fn read_kube(r: &mut Reader) -> KubeSettings {
     KubeSettings {
@@ -456,7 +469,7 @@ fn read_paths(r: &mut Reader) -> Paths {
         cdi_spec_dirs,
         cdi_dynamic_dir,
         cdi_hook_binary: r.opt("cdi.hook_binary", abs_path),
-        state_dir: r.get("paths.state_dir", "/var/lib/edra".into(), abs_path),
+        state_dir: r.get("paths.state_dir", "/var/lib/edra".into(), state_dir),
         driver_root: r.get("paths.driver_root", "/".into(), abs_path),
         host_driver_root: r.opt("paths.host_driver_root", abs_path),
         nvidia_smi: r.opt("paths.nvidia_smi", abs_path),

@@ -15,8 +15,10 @@ use std::time::Duration;
 /// Where a value came from, for error messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
-    /// A key in the configuration file.
+    /// The configuration file as a whole.
     File(PathBuf),
+    /// A key in the configuration file, at this line (1-based).
+    FileLine(PathBuf, usize),
     /// An environment variable.
     Env(String),
     /// A command-line flag.
@@ -27,6 +29,7 @@ impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Origin::File(p) => write!(f, "{}", p.display()),
+            Origin::FileLine(p, line) => write!(f, "{}:{line}", p.display()),
             Origin::Env(v) => write!(f, "environment variable {v}"),
             Origin::Flag(flag) => write!(f, "flag {flag}"),
         }
@@ -100,6 +103,17 @@ impl Reader {
             }
         }
         flatten("", table, path, &mut self.file);
+        self
+    }
+
+    /// Puts the line of each file key (from [`key_lines`]) into its origin, so problems
+    /// with file values say where to look, as TOML syntax errors do.
+    pub fn with_key_lines(mut self, lines: &BTreeMap<String, usize>) -> Self {
+        for (key, (_, origin)) in self.file.iter_mut() {
+            if let (Origin::File(path), Some(line)) = (&*origin, lines.get(key)) {
+                *origin = Origin::FileLine(path.clone(), *line);
+            }
+        }
         self
     }
 
@@ -213,6 +227,28 @@ impl Reader {
         }
         self.problems
     }
+}
+
+/// The line (1-based) of each key of a TOML document, as dotted keys the way
+/// [`Reader::with_toml`] flattens them; empty when the document does not parse.
+pub fn key_lines(text: &str) -> BTreeMap<String, usize> {
+    fn walk(prefix: &str, table: &toml::de::DeTable<'_>, text: &str, out: &mut BTreeMap<String, usize>) {
+        for (k, v) in table {
+            let key = if prefix.is_empty() { k.get_ref().to_string() } else { format!("{prefix}.{}", k.get_ref()) };
+            match v.get_ref() {
+                toml::de::DeValue::Table(t) => walk(&key, t, text, out),
+                _ => {
+                    let before = text.get(..k.span().start).unwrap_or_default();
+                    out.insert(key, before.matches('\n').count().saturating_add(1));
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    if let Ok(doc) = toml::de::DeTable::parse(text) {
+        walk("", doc.get_ref(), text, &mut out);
+    }
+    out
 }
 
 /// True when two names differ by at most two single-character edits.
@@ -335,9 +371,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
-/// A list of strings: a TOML array, or comma-separated text.
+/// A list of strings: a TOML array, or text that is either a TOML inline array
+/// (`["/a", "/b"]`) or comma-separated (`/a,/b`).
 pub fn string_list(raw: &Raw) -> Result<Vec<String>, String> {
     match raw {
+        Raw::Text(s) if s.trim_start().starts_with('[') => match toml_value(raw) {
+            Ok(array @ toml::Value::Array(_)) => string_list(&Raw::Toml(array)),
+            _ => Err(format!(
+                "expected a TOML array of strings such as [\"/a\", \"/b\"] or comma-separated values such as /a,/b, found {s:?}"
+            )),
+        },
         Raw::Text(s) => Ok(s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect()),
         Raw::Toml(toml::Value::Array(items)) => items
             .iter()
@@ -455,6 +498,45 @@ mod tests {
         assert!(problems.iter().any(|p| p.contains("EDRA_BURST") && p.contains("non-negative")));
         assert!(problems.iter().any(|p| p.contains("state_dri: unknown key (did you mean state_dir?)")));
         assert!(problems.iter().any(|p| p.contains("EDRA_BOGUS") && p.contains("not a configuration key")));
+    }
+
+    #[test]
+    fn problems_with_file_values_name_their_line() {
+        let text = "# comment\n\n[kubernetes]\nqps = \"fast\"\nburst = 3\n[cdi]\nspec_dirs = [1]\nbogus = { a = 1 }\n";
+        let lines = key_lines(text);
+        assert_eq!(lines.get("kubernetes.qps"), Some(&4));
+        assert_eq!(lines.get("cdi.spec_dirs"), Some(&7));
+        assert_eq!(lines.get("cdi.bogus.a"), Some(&8));
+        let path = Path::new("/etc/edra/config.toml");
+        let mut r = Reader::new().with_toml(path, toml::from_str(text).unwrap()).with_key_lines(&lines);
+        r.get("kubernetes.qps", 1.0, positive_f64);
+        r.get("kubernetes.burst", 1, uint);
+        r.get("cdi.spec_dirs", Vec::new(), abs_path_list);
+        let problems: Vec<String> = r.finish().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            problems,
+            [
+                "/etc/edra/config.toml:4: kubernetes.qps: expected a number, found string",
+                "/etc/edra/config.toml:7: cdi.spec_dirs: expected a list of strings, found an element of type integer",
+                "/etc/edra/config.toml:8: cdi.bogus.a: unknown key",
+            ]
+        );
+        assert!(key_lines("[unclosed").is_empty());
+    }
+
+    #[test]
+    fn text_lists_are_toml_arrays_or_comma_separated() {
+        let list = |s: &str| abs_path_list(&Raw::Text(s.into()));
+        let want = vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")];
+        assert_eq!(list("[\"/etc/cdi\", \"/var/run/cdi\"]").unwrap(), want);
+        assert_eq!(list(" ['/etc/cdi','/var/run/cdi'] ").unwrap(), want);
+        assert_eq!(list("/etc/cdi, /var/run/cdi").unwrap(), want);
+        assert_eq!(list("[]").unwrap(), Vec::<PathBuf>::new());
+        let unclosed = list("[\"/etc/cdi\"").unwrap_err();
+        assert!(unclosed.contains("TOML array of strings") && unclosed.contains("comma-separated"), "{unclosed}");
+        let numbers = list("[1, 2]").unwrap_err();
+        assert!(numbers.contains("element of type integer"), "{numbers}");
+        assert!(list("[\"relative\"]").unwrap_err().contains("not an absolute path"));
     }
 
     #[test]

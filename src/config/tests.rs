@@ -203,6 +203,22 @@ fn paths_under_a_directory_stay_inside_it_and_keep_the_kubelet_layout() {
     assert_eq!(p.cdi_hook_binary, None);
 }
 
+#[test]
+fn a_state_dir_that_is_a_file_is_reported_as_such() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("state");
+    std::fs::write(&file, "").unwrap();
+    let value = file.display().to_string();
+    let problems = Config::load(&ctx(None, &[("EDRA_PATHS_STATE_DIR", value.as_str())])).unwrap_err();
+    let msg = problems[0].to_string();
+    assert!(msg.contains("exists and is not a directory; set paths.state_dir to a directory"), "{msg}");
+    // A directory, or one still to be created, is fine.
+    let missing = tmp.path().join("new").display().to_string();
+    for ok in [tmp.path().display().to_string(), missing] {
+        Config::load(&ctx(None, &[("EDRA_PATHS_STATE_DIR", ok.as_str())])).unwrap();
+    }
+}
+
 /// The one problem a single `key = value` override causes.
 fn problem_of(key: &str, value: &str) -> Option<String> {
     let mut c = ctx(None, &[]);

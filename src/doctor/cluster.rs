@@ -81,8 +81,14 @@ fn unreachable_fix(err: &str, server: &str) -> String {
 pub async fn api_server(cfg: &Config) -> (CheckResult, Option<Client>) {
     let client = match doctor_client(cfg) {
         Ok(c) => c,
+        Err(crate::kube::Error::NoCredentials { tried }) => {
+            let detail = format!("no usable Kubernetes credentials; tried, in order: {}", tried.join("; "));
+            let fix = crate::kube::credentials::NO_CREDENTIALS_FIX;
+            return (CheckResult::new(API, Status::Fail, detail, fix), None);
+        }
         Err(e) => {
-            let fix = "set kubernetes.kubeconfig (--kubeconfig) or KUBECONFIG, or run on a k3s node as root";
+            let fix =
+                "fix the credentials named, or point kubernetes.kubeconfig (--kubeconfig) at a working kubeconfig";
             return (CheckResult::new(API, Status::Fail, crate::util::error_chain(&e), fix), None);
         }
     };

@@ -33,7 +33,7 @@ pub(super) fn convert_err(op: &str, e: ConvertError) -> Error {
 }
 
 /// Decode a slice list in the wire version `api`.
-pub(super) fn decode_slice_list(api: ResourceApi, op: &str, body: &[u8]) -> Result<SliceList, Error> {
+pub(crate) fn decode_slice_list(api: ResourceApi, op: &str, body: &[u8]) -> Result<SliceList, Error> {
     let mut v: Value =
         serde_json::from_slice(body).map_err(|source| Error::Decode { operation: op.to_string(), source })?;
     let resource_version =

@@ -103,7 +103,17 @@ impl Sources {
     }
 }
 
-/// Find credentials: the first source present wins; a present but broken source is an
+/// Where credentials are looked for when `kubernetes.kubeconfig` (`--kubeconfig`) is not
+/// set: the first of these found is used. The one wording used in `--help`, the
+/// documentation and the example configuration (a test holds them to it).
+pub const SEARCH_ORDER: &str = "KUBECONFIG, ~/.kube/config, in-cluster (service account), \
+     the k3s kubelet kubeconfig, the k3s server kubeconfig";
+
+/// What to do when no source had credentials.
+pub const NO_CREDENTIALS_FIX: &str = "set kubernetes.kubeconfig (--kubeconfig) or KUBECONFIG, run in a pod with a \
+     service account, or run on a k3s node as root";
+
+/// Find credentials in [`SEARCH_ORDER`]: the first source present wins; a present but broken source is an
 /// error (it is not skipped), so a typo never silently selects another cluster.
 pub fn resolve(src: &Sources) -> Result<Credentials, Error> {
     let mut creds = resolve_inner(src)?;

@@ -132,8 +132,9 @@ pub enum Error {
     CredentialFile { path: PathBuf, problem: String },
     /// No credentials found anywhere.
     #[error(
-        "no Kubernetes credentials found; tried:\n  - {}\nset `kubernetes.kubeconfig` (or --kubeconfig), set KUBECONFIG, run in a pod with a service account, or run on a k3s node",
-        tried.join("\n  - ")
+        "no usable Kubernetes credentials; tried, in order:\n  - {}\n{}",
+        tried.join("\n  - "),
+        crate::kube::credentials::NO_CREDENTIALS_FIX
     )]
     NoCredentials { tried: Vec<String> },
     /// The TLS client configuration could not be built.

@@ -83,6 +83,14 @@ pub fn load(files: &[PathBuf], context: Option<&str>) -> Result<Credentials, Err
     select(&parsed, context)
 }
 
+/// [`load`] on texts already read: `(path, text)` per file. Relative paths inside resolve
+/// against each path's folder.
+pub(crate) fn from_texts(files: &[(PathBuf, &str)], context: Option<&str>) -> Result<Credentials, Error> {
+    let parsed =
+        files.iter().map(|(path, text)| Ok((path.clone(), parse(path, text)?))).collect::<Result<Vec<_>, _>>()?;
+    select(&parsed, context)
+}
+
 fn parse(path: &Path, text: &str) -> Result<File, Error> {
     if text.trim().is_empty() {
         return Ok(File::default());

@@ -35,10 +35,13 @@ pub enum Event {
 const MAX_LINE: usize = 16 << 20;
 
 /// Splits a byte stream into lines (JSON objects), keeping partial lines across frames.
+/// Each byte is searched for a newline once, however many frames a long line spans.
 #[derive(Debug, Default)]
 pub struct LineBuffer {
     buf: Vec<u8>,
     start: usize,
+    /// Bytes after `start` already known to hold no newline.
+    scanned: usize,
 }
 
 impl LineBuffer {
@@ -46,6 +49,7 @@ impl LineBuffer {
         if self.start > 0 && self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
+            self.scanned = 0;
         }
         self.buf.extend_from_slice(data);
     }
@@ -53,10 +57,14 @@ impl LineBuffer {
     /// The next complete non-empty line, without its newline.
     pub fn next_line(&mut self) -> Option<Vec<u8>> {
         loop {
-            let rest = &self.buf[self.start..];
-            let pos = rest.iter().position(|&b| b == b'\n')?;
-            let line = rest[..pos].to_vec();
-            self.start += pos + 1;
+            let from = self.start + self.scanned;
+            let Some(pos) = self.buf[from..].iter().position(|&b| b == b'\n') else {
+                self.scanned = self.buf.len() - self.start;
+                return None;
+            };
+            let line = self.buf[self.start..from + pos].to_vec();
+            self.start = from + pos + 1;
+            self.scanned = 0;
             if self.start > 64 << 10 {
                 self.buf.drain(..self.start);
                 self.start = 0;
@@ -160,7 +168,7 @@ impl Watcher {
         got_any: bool,
     ) -> Option<Event> {
         if let Some(line) = lines.next_line() {
-            return match self.handle_line(rv, &line) {
+            return match handle_line(self.api, rv, &line) {
                 (next, Some(Event::Error(e))) => Some(self.fail(next, e)),
                 (next, ev) => {
                     self.state = match next {
@@ -215,48 +223,53 @@ impl Watcher {
         }
         None
     }
+}
 
-    /// Apply one watch line. Returns the next state (`Listed{rv}` = keep watching from
-    /// `rv`, `Empty` = relist) and the event to emit, if any.
-    fn handle_line(&self, rv: String, line: &[u8]) -> (State, Option<Event>) {
-        let op = "WATCH resourceslices";
-        let mut v: Value = match serde_json::from_slice(line) {
-            Ok(v) => v,
-            Err(source) => {
-                return (State::Listed { rv }, Some(Event::Error(Error::Decode { operation: op.into(), source })));
+/// Applies one watch line to a watch resuming from `rv`: the version to resume from
+/// (`None` = relist) and the event to emit, if any.
+pub(crate) fn apply_line(api: ResourceApi, rv: String, line: &[u8]) -> (Option<String>, Option<Event>) {
+    match handle_line(api, rv, line) {
+        (State::Listed { rv } | State::Watching { rv, .. }, ev) => (Some(rv), ev),
+        (State::Empty, ev) => (None, ev),
+    }
+}
+
+/// Apply one watch line. Returns the next state (`Listed{rv}` = keep watching from
+/// `rv`, `Empty` = relist) and the event to emit, if any.
+fn handle_line(api: ResourceApi, rv: String, line: &[u8]) -> (State, Option<Event>) {
+    let op = "WATCH resourceslices";
+    let mut v: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(source) => {
+            return (State::Listed { rv }, Some(Event::Error(Error::Decode { operation: op.into(), source })));
+        }
+    };
+    let kind = v.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+    let object = v.get_mut("object").map(Value::take).unwrap_or(Value::Null);
+    let new_rv =
+        object.pointer("/metadata/resourceVersion").and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
+    match kind.as_str() {
+        "ADDED" | "MODIFIED" | "DELETED" => {
+            let rv = new_rv.unwrap_or(rv);
+            match convert::slice_from_wire(api, object) {
+                Ok(s) if kind == "DELETED" => (State::Listed { rv }, Some(Event::Deleted(s))),
+                Ok(s) => (State::Listed { rv }, Some(Event::Applied(s))),
+                Err(e) => (State::Listed { rv }, Some(Event::Error(convert_err(op, e)))),
             }
-        };
-        let kind = v.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
-        let object = v.get_mut("object").map(Value::take).unwrap_or(Value::Null);
-        let new_rv = object
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .map(String::from);
-        match kind.as_str() {
-            "ADDED" | "MODIFIED" | "DELETED" => {
-                let rv = new_rv.unwrap_or(rv);
-                match convert::slice_from_wire(self.api, object) {
-                    Ok(s) if kind == "DELETED" => (State::Listed { rv }, Some(Event::Deleted(s))),
-                    Ok(s) => (State::Listed { rv }, Some(Event::Applied(s))),
-                    Err(e) => (State::Listed { rv }, Some(Event::Error(convert_err(op, e)))),
-                }
+        }
+        "BOOKMARK" => (State::Listed { rv: new_rv.unwrap_or(rv) }, None),
+        "ERROR" => {
+            let code = object.get("code").and_then(Value::as_u64).and_then(|c| u16::try_from(c).ok()).unwrap_or(500);
+            if code == 410 {
+                tracing::debug!(%rv, "watch version expired; relisting");
+                return (State::Empty, None);
             }
-            "BOOKMARK" => (State::Listed { rv: new_rv.unwrap_or(rv) }, None),
-            "ERROR" => {
-                let code =
-                    object.get("code").and_then(Value::as_u64).and_then(|c| u16::try_from(c).ok()).unwrap_or(500);
-                if code == 410 {
-                    tracing::debug!(%rv, "watch version expired; relisting");
-                    return (State::Empty, None);
-                }
-                let body = serde_json::to_vec(&object).unwrap_or_default();
-                (State::Listed { rv }, Some(Event::Error(Error::from_status(op.into(), code, &body, None))))
-            }
-            other => {
-                let problem = format!("unknown watch event type {other:?}");
-                (State::Listed { rv }, Some(Event::Error(Error::Convert { operation: op.into(), problem })))
-            }
+            let body = serde_json::to_vec(&object).unwrap_or_default();
+            (State::Listed { rv }, Some(Event::Error(Error::from_status(op.into(), code, &body, None))))
+        }
+        other => {
+            let problem = format!("unknown watch event type {other:?}");
+            (State::Listed { rv }, Some(Event::Error(Error::Convert { operation: op.into(), problem })))
         }
     }
 }

@@ -13,7 +13,9 @@
 //! the life of the connection. Padding and priority fields of HEADERS frames are dropped;
 //! blocks larger than one frame go out as HEADERS plus CONTINUATION frames of at most
 //! 16 KiB (the size every HTTP/2 peer must accept). Other frames and the server-to-client
-//! direction pass through untouched.
+//! direction pass through untouched. A block is at most 1 MiB compressed and
+//! 1 MiB decoded (references to the dynamic table make a small block decode to a large
+//! list); a larger one closes the connection.
 //!
 //! Table sizes: the client's encoder is bounded by the server's
 //! `SETTINGS_HEADER_TABLE_SIZE`; tonic never changes it from the protocol default of
@@ -41,6 +43,10 @@ const FRAME_HEADER_LEN: usize = 9;
 const MAX_OUT_FRAME: usize = 16_384;
 /// The largest header block (compressed) this rewriter buffers.
 const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// The largest decoded header list, counted as HTTP/2's `SETTINGS_MAX_HEADER_LIST_SIZE`
+/// counts it (name + value + 32 per field): HPACK references to the dynamic table make a
+/// small block decode to a large list, so the compressed size alone bounds nothing.
+const MAX_HEADER_LIST: usize = 1 << 20;
 /// The HPACK dynamic table size both sides use (the HTTP/2 default).
 const HPACK_TABLE_SIZE: usize = 4096;
 
@@ -71,6 +77,12 @@ pub enum RewriteError {
     /// A header block grew beyond 1 MiB.
     #[error("HTTP/2 header block on stream {stream} is larger than {MAX_HEADER_BLOCK} bytes")]
     BlockTooLarge {
+        /// The block's stream.
+        stream: u32,
+    },
+    /// A header block decodes to more than 1 MiB of headers.
+    #[error("HTTP/2 header block on stream {stream} decodes to more than {MAX_HEADER_LIST} bytes of headers")]
+    HeaderListTooLarge {
         /// The block's stream.
         stream: u32,
     },
@@ -265,9 +277,18 @@ impl Rewriter {
     fn finish_block(&mut self, block: Block, out: &mut Vec<u8>) -> Result<(), RewriteError> {
         let stream = block.stream;
         let mut headers: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut list_size = 0usize;
         self.decoder
-            .decode_with_cb(&block.fragment, |name, value| headers.push((name.into_owned(), value.into_owned())))
+            .decode_with_cb(&block.fragment, |name, value| {
+                list_size = list_size.saturating_add(name.len()).saturating_add(value.len()).saturating_add(32);
+                if list_size <= MAX_HEADER_LIST {
+                    headers.push((name.into_owned(), value.into_owned()));
+                }
+            })
             .map_err(|source| RewriteError::Decode { stream, source })?;
+        if list_size > MAX_HEADER_LIST {
+            return Err(RewriteError::HeaderListTooLarge { stream });
+        }
         for (name, value) in &mut headers {
             if name.as_slice() == b":authority" && http::uri::Authority::try_from(value.as_slice()).is_err() {
                 tracing::debug!(

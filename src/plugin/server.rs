@@ -191,8 +191,8 @@ impl PluginServer {
     }
 
     /// Stops accepting connections, lets calls in flight finish for up to `grace`, then
-    /// aborts the rest and removes both sockets.
-    pub async fn shutdown(mut self, grace: Duration) {
+    /// aborts the rest and removes both sockets. Returns how many calls were aborted.
+    pub async fn shutdown(mut self, grace: Duration) -> usize {
         let mut served = std::mem::take(&mut self.served);
         self.stopping.send_replace(true);
         for s in &mut served {
@@ -207,9 +207,11 @@ impl PluginServer {
                 graceful = false;
             }
         }
+        let mut aborted = 0;
         if !graceful {
+            aborted = self.inflight.len();
             tracing::warn!(
-                in_flight = self.inflight.len(),
+                in_flight = aborted,
                 grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
                 "calls still running after the grace period; aborting them"
             );
@@ -231,6 +233,7 @@ impl PluginServer {
             socket::remove_own(&s.path, s.file);
         }
         tracing::info!(graceful, "plugin sockets closed");
+        aborted
     }
 }
 

@@ -41,6 +41,7 @@ impl ClaimSource for Cluster {
                 Ok(Err(e)) if e.is_throttled() => {
                     Err(ClaimFetchError::Throttled { namespace: ns.clone(), name: n.clone(), source: Box::new(e) })
                 }
+                Ok(Err(crate::kube::Error::Decode { source, .. })) => Err(ClaimFetchError::unreadable(&ns, &n, source)),
                 Ok(Err(e)) => Err(api_error(Box::new(e))),
                 Err(_) => {
                     Err(api_error(format!("no answer from the API server within {}s", FETCH_BUDGET.as_secs()).into()))

@@ -116,6 +116,14 @@ fn entry(source: &str, requests: &[&str], sharing: &str) -> serde_json::Value {
 }
 
 #[test]
+fn strategies_are_shown_as_written_in_a_claim() {
+    for s in [Strategy::Exclusive, Strategy::TimeSlicing, Strategy::Mps] {
+        assert_eq!(serde_json::to_value(s).unwrap(), serde_json::Value::String(s.to_string()));
+    }
+    assert_eq!(Strategy::Mps.to_string(), "MPS");
+}
+
+#[test]
 fn resolve_table() {
     use Strategy::{Exclusive as E, Mps as M, TimeSlicing as T};
     type Case = (&'static str, serde_json::Value, Vec<Strategy>);

@@ -52,6 +52,19 @@ pub enum ClaimFetchError {
         /// Name.
         name: String,
     },
+    /// The API server answered, but edra cannot decode the claim it sent.
+    #[error("ResourceClaim {namespace}/{name} cannot be read: {reason}")]
+    Unreadable {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What is wrong and what to do.
+        reason: String,
+        /// The decoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// edra's own client-side rate limit would have held the read past the call's
     /// deadline, so it was not sent.
     #[error("ResourceClaim {namespace}/{name} was not fetched in time (the kubelet retries)")]
@@ -90,6 +103,24 @@ pub enum ClaimFetchError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+impl ClaimFetchError {
+    /// The error for a claim the API server sent but edra cannot decode.
+    pub fn unreadable(namespace: &str, name: &str, source: serde_json::Error) -> Self {
+        // serde_json stops at 128 nested levels; the API server accepts deeper opaque
+        // parameters.
+        let reason = if source.to_string().contains("recursion limit exceeded") {
+            "it nests deeper than edra reads (128 levels), most likely in opaque device \
+             parameters of the claim or its DeviceClass; flatten them"
+                .to_string()
+        } else {
+            format!(
+                "{source}; it is not a ResourceClaim edra understands (check that edra supports this Kubernetes version)"
+            )
+        };
+        ClaimFetchError::Unreadable { namespace: namespace.to_string(), name: name.to_string(), reason, source }
+    }
 }
 
 /// How long one kubelet call may spend fetching its claims (from the call's start), so it
@@ -228,7 +259,7 @@ pub enum PrepareError {
     #[error("invalid GpuConfig")]
     Config(#[source] config::ConfigError),
     /// A sharing strategy edra does not implement yet.
-    #[error("sharing strategy {strategy:?} (request {request}) is not supported yet; use Exclusive or TimeSlicing")]
+    #[error("sharing strategy {strategy} (request {request}) is not supported yet; use Exclusive or TimeSlicing")]
     UnsupportedSharing {
         /// The strategy.
         strategy: config::Strategy,
@@ -283,6 +314,17 @@ pub enum PrepareError {
         /// The cause.
         #[source]
         source: std::io::Error,
+    },
+    /// edra's CDI directory is not a directory it can write (checked at start).
+    #[error(
+        "edra's CDI directory {} {problem}; set cdi.dynamic_dir to a directory the container runtime reads and edra may write",
+        dir.display()
+    )]
+    CdiDir {
+        /// `cdi.dynamic_dir`.
+        dir: PathBuf,
+        /// What is wrong with it.
+        problem: String,
     },
     /// The generated spec breaks the CDI rules (a bug in edra).
     #[error("the generated CDI spec is invalid ({}); please report this", problems.join("; "))]

@@ -45,10 +45,13 @@ impl Preparer {
         self.recover()
     }
 
-    /// Runs recovery (blocking I/O; call once at start, before serving the kubelet).
+    /// Runs recovery (blocking I/O; call once at start, before serving the kubelet). First
+    /// checks that the CDI directory is one edra can write, so a file or a read-only
+    /// directory there stops the start instead of failing the first prepare.
     pub fn recover(&self) -> Result<RecoveryReport, PrepareError> {
         let store = self.store();
         let settings = self.settings();
+        check_cdi_dir(&settings.cdi_dir)?;
         let mut report = RecoveryReport::default();
         let boot_id = read_boot_id(&settings.proc_root);
         let stored = store.boot_id()?;
@@ -130,8 +133,30 @@ impl Preparer {
             rolled_back = report.rolled_back.len(),
             rewritten = report.rewritten.len(),
             orphans_removed = report.orphans_removed.len(),
+            gpus_reapplied = report.gpus_reapplied.len(),
+            gpus_reapply_failed = report.gpus_reapply_failed.len(),
             "state recovered"
         );
         Ok(report)
     }
+}
+
+/// Creates `dir` when missing, then creates and removes a file in it.
+fn check_cdi_dir(dir: &std::path::Path) -> Result<(), PrepareError> {
+    let failed = |problem: String| PrepareError::CdiDir { dir: dir.to_path_buf(), problem };
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => return Err(failed("exists and is not a directory".into())),
+        Ok(_) => {}
+        Err(_) => {
+            std::fs::create_dir_all(dir).map_err(|e| failed(format!("is missing and cannot be created ({e})")))?
+        }
+    }
+    let probe = dir.join(format!(".edra-write-check-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)
+        .map_err(|e| failed(format!("is not writable ({e})")))?;
+    std::fs::remove_file(&probe).map_err(|e| failed(format!("does not let edra remove files ({e})")))
 }

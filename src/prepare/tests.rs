@@ -310,7 +310,7 @@ async fn per_claim_errors_say_what_is_wrong() {
         (cref(UID3, "other-pool"), "no devices allocated by driver gpu.edra.dev in pool node-a"),
         (cref(UID3, "missing"), "device gpu-7 is not on this node"),
         (cref(UID3, "bad-config"), "unknown field `extra`"),
-        (cref(UID3, "mps"), "sharing strategy Mps (request gpu) is not supported yet"),
+        (cref(UID3, "mps"), "sharing strategy MPS (request gpu) is not supported yet"),
         (cref(UID3, "gone"), "ResourceClaim ns/gone was not found"),
         (cref("Not-A-UID", "x"), "is not a lowercase RFC 4122 UUID"),
     ];

@@ -3,6 +3,7 @@
 
 use super::*;
 
+#[cfg(debug_assertions)]
 const CRASH_DIR: &str = "CRASH_TEST_DIR";
 
 fn spec_path(f: &Fixture, uid: &str) -> PathBuf {
@@ -157,6 +158,28 @@ async fn crash_at_every_failpoint_converges() {
         assert_eq!(f.modes.mode(GPU0), ComputeMode::ExclusiveProcess, "{point}");
         assert_eq!(f.smi.calls().last().unwrap(), &format!("compute-policy -i {GPU0} --set-timeslice=0"), "{point}");
         assert_eq!(std::fs::read_dir(f.cdi_dir()).unwrap().count(), 0, "{point}");
+    }
+}
+
+#[tokio::test]
+async fn a_cdi_directory_that_is_a_file_or_read_only_stops_the_start() {
+    let f = Fixture::new();
+    std::fs::create_dir_all(f.cdi_dir().parent().unwrap()).unwrap();
+    std::fs::write(f.cdi_dir(), b"").unwrap();
+    let e = f.preparer.recover().unwrap_err().to_string();
+    assert!(e.contains("exists and is not a directory; set cdi.dynamic_dir"), "{e}");
+    std::fs::remove_file(f.cdi_dir()).unwrap();
+    // A missing directory is created, and the probe leaves nothing behind.
+    f.preparer.recover().unwrap();
+    assert_eq!(std::fs::read_dir(f.cdi_dir()).unwrap().count(), 0);
+    // Root writes to a 0555 directory, so the read-only case holds only for other users.
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(f.cdi_dir(), std::fs::Permissions::from_mode(0o555)).unwrap();
+        let e = f.preparer.recover().unwrap_err().to_string();
+        std::fs::set_permissions(f.cdi_dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(e.contains("is not writable"), "{e}");
     }
 }
 

@@ -5,6 +5,8 @@
 
 mod crash;
 mod diskfull;
+mod exits;
+mod logs;
 mod misbehaving;
 mod offline;
 mod pool;

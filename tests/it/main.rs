@@ -5,6 +5,7 @@
 mod agent;
 mod apiserver_selftest;
 mod cli_inventory;
+mod cli_usage;
 mod doctor;
 mod footprint;
 mod hook;

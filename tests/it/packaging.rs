@@ -134,3 +134,19 @@ fn packages_install_the_configuration_where_edra_reads_it() {
     let unit = rpm_assets.iter().find(|a| a["source"].as_str() == Some("packaging/edra.service")).expect("rpm unit");
     assert_eq!(unit["dest"].as_str(), Some("/usr/lib/systemd/system/edra.service"));
 }
+
+#[test]
+fn package_checks_tell_a_missing_file_from_wrong_usage() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for kind in ["deb", "rpm"] {
+        let script = root.join(format!("packaging/check-{kind}.sh"));
+        let run = |args: &[&str]| std::process::Command::new("bash").arg(&script).args(args).output().expect("run");
+        let usage = run(&[]);
+        assert_eq!(usage.status.code(), Some(64), "{kind}");
+        assert!(String::from_utf8_lossy(&usage.stderr).starts_with("usage:"), "{kind}");
+        let missing = run(&["/nonexistent/edra.pkg"]);
+        assert_eq!(missing.status.code(), Some(66), "{kind}");
+        let said = String::from_utf8_lossy(&missing.stderr);
+        assert!(said.contains("/nonexistent/edra.pkg: file not found"), "{kind}: {said}");
+    }
+}

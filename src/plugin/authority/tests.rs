@@ -263,6 +263,28 @@ fn broken_sequences_and_bad_hpack_are_errors() {
 }
 
 #[test]
+fn a_header_block_that_decodes_to_more_than_1_mib_is_refused() {
+    // HPACK amplification: one 4,000-byte value in the dynamic table, then 16 KiB of
+    // one-byte references to it decode to 64 MiB of headers (a 1 MiB block to 4 GiB).
+    let mut block = vec![0x40, 0x01, b'x', 0x7f, 0xa1, 0x1e]; // literal, indexed: "x", 4,000-byte value
+    block.extend(std::iter::repeat_n(b'v', 4000));
+    block.extend(std::iter::repeat_n(0xbe, 16 << 10)); // index 62: the entry just added
+    assert!(Decoder::new().decode(&block[..4006 + 2]).is_ok_and(|h| h.len() == 3), "the block is valid HPACK");
+    let mut input = PREFACE.to_vec();
+    let mut chunks = block.chunks(MAX_OUT_FRAME).peekable();
+    let mut kind = TYPE_HEADERS;
+    while let Some(chunk) = chunks.next() {
+        let flags = if chunks.peek().is_none() { FLAG_END_HEADERS } else { 0 };
+        input.extend(frame(kind, flags, 1, chunk));
+        kind = TYPE_CONTINUATION;
+    }
+    match rewrite(&input) {
+        Err(RewriteError::HeaderListTooLarge { stream: 1 }) => {}
+        other => panic!("expected HeaderListTooLarge, got {:?}", other.map(|(out, _)| out.len())),
+    }
+}
+
+#[test]
 fn random_input_never_panics() {
     let mut rng = fastrand::Rng::with_seed(7);
     for _ in 0..2000 {

@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use edra::plugin::ClaimRef;
-use edra::state::{Phase, Store};
+#[cfg(debug_assertions)]
+use edra::state::Phase;
+use edra::state::Store;
 
 use crate::support::agent::{
     ChildAgent, Cluster, DRIVER, GPUS, NODE, NodeFs, WAIT, prepare, prepare_ok, unprepare, unprepare_ok,
@@ -28,8 +30,11 @@ fn assert_state_empty(fs: &NodeFs) {
 async fn assert_died(child: &mut ChildAgent, point: &str) {
     let status = child.wait_exit().await;
     assert!(!status.success() && status.code().is_none(), "edra should abort at {point}, exited with {status}");
+    let said = format!("edra: failpoint {point} hit; aborting");
+    assert!(child.stderr().contains(&said), "edra should say {said:?}; its stderr:\n{}", child.stderr());
 }
 
+#[cfg(debug_assertions)]
 /// After the crash and a restart: the claim prepares, has exactly one spec, unprepares,
 /// and a second claim for the same device prepares too (no holding left behind).
 async fn converge(cluster: &Cluster, claim: &ClaimRef, other: &ClaimRef) {

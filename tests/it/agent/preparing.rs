@@ -104,6 +104,17 @@ async fn bad_claims_get_errors_naming_the_problem_and_good_ones_succeed() {
             DRIVER,
             json!({"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig", "sharingg": {}}),
         ));
+    // The API server accepts opaque parameters nested this deep; edra's decoder does not.
+    let mut deep = json!("leaf");
+    for _ in 0..200 {
+        deep = json!({ "nested": deep });
+    }
+    let too_deep = cluster.put_claim(ClaimBuilder::new("default", "too-deep").allocated(on_n1("gpu-1")).opaque_config(
+        "FromClaim",
+        &["gpu"],
+        DRIVER,
+        deep,
+    ));
     let good_a = cluster.allocated_claim("good-a", "gpu-2");
     let good_b = cluster.allocated_claim("good-b", "gpu-3");
 
@@ -115,6 +126,7 @@ async fn bad_claims_get_errors_naming_the_problem_and_good_ones_succeed() {
         (other_pool.uid.as_str(), "no devices allocated by driver gpu.edra.dev in pool n1"),
         (unknown_device.uid.as_str(), "device gpu-9 is not on this node"),
         (bad_config.uid.as_str(), "sharingg"),
+        (too_deep.uid.as_str(), "nests deeper than edra reads (128 levels)"),
     ]
     .into();
     let all = [
@@ -125,6 +137,7 @@ async fn bad_claims_get_errors_naming_the_problem_and_good_ones_succeed() {
         &other_pool,
         &unknown_device,
         &bad_config,
+        &too_deep,
         &good_a,
         &good_b,
     ]

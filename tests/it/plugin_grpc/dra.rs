@@ -177,3 +177,34 @@ async fn bad_requests_get_clear_errors() {
     assert_eq!(handler.calls(), vec![Call::Prepare(vec![claim(7)])]);
     server.shutdown(GRACE).await;
 }
+
+#[tokio::test]
+async fn a_malformed_request_is_invalid_argument_and_reaches_no_handler() {
+    use crate::support::kubelet::{RawH2, RawOutcome};
+    let dirs = Dirs::new();
+    let handler = TestHandler::new();
+    let server = dirs.start(handler.clone());
+    let authority = kubelet::percent_encoded(&dirs.dra_socket());
+    // Field 1 (claims) as a length-delimited value 100 bytes long, with 3 bytes following.
+    let truncated = [0x0a, 100, 1, 2, 3];
+    let mut raw = RawH2::connect(&dirs.dra_socket()).await.expect("connect");
+    for method in [
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources",
+    ] {
+        match raw.unary(&authority, method, &truncated).await.expect("call") {
+            RawOutcome::Answer { grpc_status: Some(code), grpc_message, .. } => {
+                assert_eq!(code, "3", "{method}: INVALID_ARGUMENT, got {code} {grpc_message:?}");
+                let message = grpc_message.unwrap_or_default();
+                assert!(
+                    message.contains("not%20a%20valid%20protobuf") || message.contains("not a valid protobuf"),
+                    "{message}"
+                );
+            }
+            other => panic!("{method}: unexpected {other:?}"),
+        }
+    }
+    assert!(handler.calls.lock().unwrap().is_empty(), "the handler never saw the request");
+    drop(raw);
+    server.shutdown(GRACE).await;
+}

@@ -118,7 +118,7 @@ async fn graceful_shutdown_lets_an_in_flight_call_finish() {
     handler.release();
     let answer = call.await.unwrap().unwrap().into_inner();
     assert_eq!(answer.claims["uid-1"].error, "");
-    shutdown.await.unwrap();
+    assert_eq!(shutdown.await.unwrap(), 0, "nothing aborted");
     assert!(!exists(&dirs.dra_socket()));
 }
 
@@ -132,8 +132,9 @@ async fn calls_still_running_after_the_grace_period_are_aborted() {
     let call = tokio::spawn(async move { client.node_prepare_resources(prepare_one(1)).await });
     entered.await;
     let started = Instant::now();
-    server.shutdown(Duration::from_millis(200)).await;
+    let aborted = server.shutdown(Duration::from_millis(200)).await;
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert_eq!(aborted, 1, "the one running call is reported aborted");
     let status = call.await.unwrap().unwrap_err();
     assert!(matches!(status.code(), Code::Unavailable | Code::Cancelled | Code::Unknown), "{status:?}");
     assert!(!exists(&dirs.dra_socket()));

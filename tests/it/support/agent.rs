@@ -165,11 +165,14 @@ pub struct NodeFs {
 impl NodeFs {
     fn create(root: &Path) -> NodeFs {
         let fs = NodeFs { root: root.to_path_buf() };
+        // 0750, as on a node: edra warns about kubelet directories open to every user.
+        let mut dirs = std::fs::DirBuilder::new();
+        std::os::unix::fs::DirBuilderExt::mode(dirs.recursive(true), 0o750);
         for d in ["kubelet/plugins", "kubelet/plugins_registry", "cdi/static", "cdi/dynamic", "state", "driver", "sys"]
         {
-            std::fs::create_dir_all(root.join(d)).expect("create node directory");
+            dirs.create(root.join(d)).expect("create node directory");
         }
-        std::fs::create_dir_all(root.join("dev")).expect("create /dev");
+        dirs.create(root.join("dev")).expect("create /dev");
         for node in ["nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia2", "nvidia3"] {
             std::fs::write(root.join("dev").join(node), b"").expect("create a device node stand-in");
         }
@@ -318,10 +321,14 @@ impl Drop for Agent {
     }
 }
 
-/// The real `edra run` binary as a child process (killed when dropped).
+/// The real `edra run` binary as a child process (killed when dropped). Its stderr goes to
+/// a log file in the cluster's directory (shared by the agents started there, appended),
+/// printed when a test fails while the child is alive, so passing runs stay quiet.
 pub struct ChildAgent {
     pub child: tokio::process::Child,
     pub fs: NodeFs,
+    /// The child's stderr.
+    pub log: PathBuf,
     /// The child's `NOTIFY_SOCKET`, as systemd's: its first message says it serves.
     _notify: tokio::net::UnixDatagram,
 }
@@ -341,6 +348,8 @@ impl ChildAgent {
     /// so the agent sets up its allocator as on a node.
     pub async fn start_with_env(cluster: &Cluster, failpoints: &str, env: &[(&str, &str)]) -> ChildAgent {
         let fs = cluster.fs();
+        let log = cluster.dir.path().join("edra-run.log");
+        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("open the agent's log");
         let notify_path = fs.root.join(format!("notify-{}", NOTIFY_SOCKETS.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_file(&notify_path);
         let notify = tokio::net::UnixDatagram::bind(&notify_path).expect("bind the notification socket");
@@ -350,6 +359,8 @@ impl ChildAgent {
             .arg("run")
             .env_remove("KUBECONFIG")
             .env("EDRA_LOG_LEVEL", "warn")
+            .env_remove("NO_COLOR")
+            .env_remove("JOURNAL_STREAM")
             .env_remove("MALLOC_ARENA_MAX")
             .env_remove("GLIBC_TUNABLES")
             .env_remove("WATCHDOG_USEC")
@@ -358,7 +369,7 @@ impl ChildAgent {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .kill_on_drop(true);
         if failpoints.is_empty() {
             cmd.env_remove(edra::prepare::failpoint::ENV);
@@ -373,11 +384,19 @@ impl ChildAgent {
                 let message = String::from_utf8_lossy(&first[..n]);
                 assert!(message.starts_with("STATUS="), "first notification: {message:?}");
             }
-            status = child.wait() => panic!("edra run exited with {status:?} before serving the kubelet"),
+            status = child.wait() => panic!(
+                "edra run exited with {status:?} before serving the kubelet; its stderr:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ),
             () = tokio::time::sleep(WAIT) => panic!("edra run did not serve the kubelet within {WAIT:?}"),
         }
         register(&fs).await;
-        ChildAgent { child, fs, _notify: notify }
+        ChildAgent { child, fs, log, _notify: notify }
+    }
+
+    /// What the child (and earlier agents of the same cluster) wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// A DRAPlugin v1 client on the child's DRA socket.
@@ -404,6 +423,14 @@ impl ChildAgent {
         }
         let status = self.wait_exit().await;
         assert!(status.success(), "edra run exited with {status} after SIGTERM");
+    }
+}
+
+impl Drop for ChildAgent {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("stderr of edra run ({}):\n{}", self.log.display(), self.stderr());
+        }
     }
 }
 

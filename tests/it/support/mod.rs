@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod apiserver;
+pub mod cc;
 pub mod kubelet;
 pub mod layout;
 pub mod nvidia_smi;

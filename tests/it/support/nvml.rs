@@ -3,7 +3,6 @@
 //! `nvml_stub.conf` that describes the fake machine, so tests run concurrently.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 /// The stub's source.
@@ -65,24 +64,7 @@ pub fn compiled() -> &'static Path {
 }
 
 fn compile(src: &Path, out: &Path) -> Result<(), String> {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let output = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
-        .arg(out)
-        .arg(src)
-        .arg("-ldl")
-        .output()
-        .map_err(|e| {
-            format!("the NVML stand-in needs a C compiler: running {cc:?} failed ({e}); install gcc or set CC")
-        })?;
-    if !output.status.success() {
-        return Err(format!(
-            "compiling {} with {cc} failed:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    Ok(())
+    super::cc::shared_library(src, out, "libnvidia-ml.so.1", &["-ldl"])
 }
 
 /// One GPU line of `nvml_stub.conf` for an A100 80GB at enumeration `index`.
