@@ -28,12 +28,67 @@ const WARMUP: usize = 40;
 #[tokio::main]
 async fn main() {
     println!("# edra prepare benchmark (agent in-process, gRPC over a Unix socket, API server on loopback HTTPS)\n");
+    if std::env::args().any(|a| a == "timeslicing") {
+        time_slicing().await;
+        return;
+    }
     let sample = single(8, Layout::Production).await;
     let same_disk = single(8, Layout::SameDisk).await;
     drop(same_disk);
     batch().await;
     burst().await;
+    time_slicing().await;
     breakdown(sample).await;
+}
+
+/// Claims measured in the TimeSlicing section.
+const TIME_SLICED: usize = 300;
+
+/// TimeSlicing claims: prepare adds a read and a set of the compute mode (the mock backend's
+/// memory), a durable GPU change record and one `nvidia-smi` run (the stand-in script, so
+/// the figure is edra's overhead plus a fork/exec of `sh`; a real nvidia-smi takes longer),
+/// unprepare another run and a set.
+async fn time_slicing() {
+    let (site, agent, mut client) = ready_site(8, UNLIMITED, Layout::Production).await;
+    let smi = support::nvidia_smi::FakeNvidiaSmi::install(&site.config.paths.driver_root.join("usr/bin/nvidia-smi"));
+    let config = serde_json::json!({"apiVersion": format!("{}/v1alpha1", common::DRIVER), "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Medium"}}});
+    let (mut ts_prep, mut ts_release) = (Samples::default(), Samples::default());
+    let (mut ex_prep, mut ex_release) = (Samples::default(), Samples::default());
+    for k in 0..(WARMUP + TIME_SLICED) {
+        let gpu = vec![format!("gpu-{}", k % 8)];
+        let ts = site.claim_with(&format!("ts{k}"), &gpu, Some(config.clone()));
+        let ex = site.claim(&format!("ex{k}"), &gpu);
+        let (p, u) = (prepare(&mut client, vec![ts.clone()]).await, unprepare(&mut client, vec![ts]).await);
+        let (q, v) = (prepare(&mut client, vec![ex.clone()]).await, unprepare(&mut client, vec![ex]).await);
+        if k >= WARMUP {
+            ts_prep.push(p);
+            ts_release.push(u);
+            ex_prep.push(q);
+            ex_release.push(v);
+        }
+    }
+    assert_eq!(smi.calls().len(), 2 * (WARMUP + TIME_SLICED), "one nvidia-smi run per prepare and per unprepare");
+    // The stand-in alone, as edra runs it.
+    let runner = edra::gpu::timeslice::NvidiaSmi::new(Some(&smi.path), &site.config.paths.driver_root, None);
+    let mut alone = Samples::default();
+    for _ in 0..TIME_SLICED {
+        let start = Instant::now();
+        runner.set_timeslice("GPU-bench", 0).expect("the stand-in runs");
+        alone.push(start.elapsed());
+    }
+    println!(
+        "## TimeSlicing ({TIME_SLICED} claims, each prepared then unprepared, interleaved with as many Exclusive ones; \
+         mock GPUs = 8, stand-in nvidia-smi, rate limit lifted)\n"
+    );
+    println!("{}", latency_header());
+    println!("{}", ts_prep.row("prepare, TimeSlicing"));
+    println!("{}", ex_prep.row("prepare, Exclusive (same run)"));
+    println!("{}", ts_release.row("unprepare, TimeSlicing"));
+    println!("{}", ex_release.row("unprepare, Exclusive (same run)"));
+    println!("{}", alone.row("  one run of the stand-in nvidia-smi"));
+    println!();
+    agent.stop();
 }
 
 async fn prepare(client: &mut DraPluginClient<Channel>, claims: Vec<v1::Claim>) -> Duration {

@@ -152,12 +152,13 @@ pub async fn run_signalling(
     let (inventory_tx, inventory_rx) = watch::channel(Arc::new(first));
 
     let cluster = Arc::new(Cluster::new(client.clone()));
-    let preparer = open_and_recover(&config, inventory_rx.clone(), cluster.clone()).await?;
+    let preparer = open_and_recover(&config, inventory_rx.clone(), cluster.clone(), backend.clone()).await?;
     let store_health = preparer.store().health();
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let calls = CallMetrics::new();
     let options = PluginOptions { observer: Some(calls.clone()), ..PluginOptions::default() };
+    let gpu_changes = preparer.gpu_change_counts();
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
@@ -184,7 +185,9 @@ pub async fn run_signalling(
         };
         let readiness =
             Readiness { registration: plugin.registration(), publish: status_rx.clone(), state: store_health };
-        listener.serve(Endpoints { metrics: Metrics::new(&calls, sources), readiness }, shutdown.clone())
+        let mut metrics = Metrics::new(&calls, sources);
+        metrics.register_gpu_changes(gpu_changes);
+        listener.serve(Endpoints { metrics, readiness }, shutdown.clone())
     });
     let notifier = systemd_notifier();
     let watchdog = notifier.clone().map(|n| tokio::spawn(ping_watchdog(n, shutdown.clone())));
@@ -226,6 +229,7 @@ async fn open_and_recover(
     config: &Config,
     inventory: watch::Receiver<Arc<Inventory>>,
     cluster: Arc<Cluster>,
+    compute_modes: Arc<dyn crate::gpu::ComputeModes>,
 ) -> Result<Preparer, AppError> {
     let state_dir = config.paths.state_dir.clone();
     let store = tokio::task::spawn_blocking(move || Store::open(&state_dir))
@@ -236,7 +240,8 @@ async fn open_and_recover(
         Some(p) => p.clone(),
         None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra")),
     };
-    let preparer = Preparer::new(store, inventory, cluster, PrepareSettings::from_config(config, hook_binary));
+    let preparer =
+        Preparer::new(store, inventory, cluster, PrepareSettings::from_config(config, hook_binary), compute_modes);
     let recovering = preparer.clone();
     // Recovery logs what it did ("state recovered").
     tokio::task::spawn_blocking(move || recovering.recover())

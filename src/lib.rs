@@ -10,6 +10,7 @@
 //! - [`publish`]: desired ResourceSlices (pure) and the loop that keeps them published.
 //! - [`plugin`]: the kubelet's gRPC APIs on Unix sockets (registration, DRAPlugin).
 //! - [`prepare`]: claim preparation: opaque configs, CDI specs, driver files.
+//! - [`gpu`]: actuators with side effects on a GPU (compute mode, time-slice).
 //! - [`device_config`]: the opaque `GpuConfig` model, shared by prepare and state.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
 //! - [`doctor`]: `edra doctor`, node and cluster checks that say what to fix.
@@ -27,6 +28,7 @@ pub mod device_config;
 pub mod doctor;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gpu;
 pub mod hook;
 pub mod instance;
 pub mod inventory;

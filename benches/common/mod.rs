@@ -166,9 +166,17 @@ gpus = {gpus}
 
     /// An allocated claim for `device` (node-local, reserved for a pod on this node).
     pub fn claim(&self, name: &str, devices: &[String]) -> v1::Claim {
+        self.claim_with(name, devices, None)
+    }
+
+    /// [`Site::claim`] with an opaque `GpuConfig` body (`parameters`) for all its requests.
+    pub fn claim_with(&self, name: &str, devices: &[String], parameters: Option<Value>) -> v1::Claim {
         let mut b = ClaimBuilder::new(NAMESPACE, name).on_node(NODE).reserved_for_pod(name, &pod_uid(name));
         for (i, dev) in devices.iter().enumerate() {
             b = b.allocated(AllocatedDevice::new(&format!("gpu{i}"), DRIVER, NODE, dev));
+        }
+        if let Some(p) = parameters {
+            b = b.opaque_config("FromClaim", &[], DRIVER, p);
         }
         let stored = self.server.put_claim(b.build());
         self.server.mark_claim_on_node(NAMESPACE, name, NODE);

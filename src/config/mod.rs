@@ -100,6 +100,9 @@ pub struct Paths {
     /// Where `driver_root` is on the host, when edra runs in a container that mounts it
     /// elsewhere; CDI specs name host paths. Default: `driver_root` itself.
     pub host_driver_root: Option<PathBuf>,
+    /// The `nvidia-smi` edra runs to set time-slice intervals. Default:
+    /// `<driver_root>/usr/bin/nvidia-smi`.
+    pub nvidia_smi: Option<PathBuf>,
     /// The device filesystem.
     pub dev_root: PathBuf,
     /// procfs.
@@ -124,6 +127,7 @@ impl Paths {
             state_dir: dir.join("state"),
             driver_root: dir.join("driver"),
             host_driver_root: None,
+            nvidia_smi: None,
             dev_root: dir.join("dev"),
             proc_root: dir.join("proc"),
             sys_root: dir.join("sys"),
@@ -468,6 +472,7 @@ fn read_paths(r: &mut Reader) -> Paths {
         state_dir: r.get("paths.state_dir", "/var/lib/edra".into(), state_dir),
         driver_root: r.get("paths.driver_root", "/".into(), abs_path),
         host_driver_root: r.opt("paths.host_driver_root", abs_path),
+        nvidia_smi: r.opt("paths.nvidia_smi", abs_path),
         dev_root: r.get("paths.dev_root", "/dev".into(), abs_path),
         proc_root: r.get("paths.proc_root", "/proc".into(), abs_path),
         sys_root: r.get("paths.sys_root", "/sys".into(), abs_path),

@@ -9,11 +9,14 @@
 //! memory and multiprocessors are derived from the profile name. MIG capability device
 //! minors follow the NVIDIA driver's numbering (`/proc/driver/nvidia-caps/mig-minors`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::attributes::{GpuFacts, MigFacts, gpu_device, mig_device, normalize_version};
 use super::{DeviceBackend, Inventory, InventoryError};
 use crate::config::{Config, MockSettings};
+use crate::gpu::{ComputeMode, ComputeModes, GpuError};
 
 /// MIG slices (GPU instance granularity) of a whole GPU.
 const MIG_SLICES: u32 = 7;
@@ -25,6 +28,8 @@ pub struct MockBackend {
     settings: MockSettings,
     dev_root: PathBuf,
     sys_root: PathBuf,
+    /// Compute modes set so far, by GPU UUID (unset: Default, as after a boot).
+    modes: Arc<Mutex<BTreeMap<String, ComputeMode>>>,
 }
 
 impl MockBackend {
@@ -35,7 +40,13 @@ impl MockBackend {
             settings: cfg.mock.clone(),
             dev_root: cfg.paths.dev_root.clone(),
             sys_root: cfg.paths.sys_root.clone(),
+            modes: Arc::default(),
         }
+    }
+
+    /// Whether `uuid` is one of this backend's full GPUs.
+    fn has_gpu(&self, uuid: &str) -> bool {
+        (0..self.settings.gpus).any(|i| self.gpu_facts(i).uuid == uuid)
     }
 
     fn gpu_facts(&self, index: u32) -> GpuFacts {
@@ -98,6 +109,25 @@ impl DeviceBackend for MockBackend {
                     .unwrap_or_else(|| self.settings.cuda_driver_version.clone()),
             ),
         })
+    }
+}
+
+impl ComputeModes for MockBackend {
+    fn compute_mode(&self, uuid: &str) -> Result<ComputeMode, GpuError> {
+        if !self.has_gpu(uuid) {
+            return Err(GpuError::UnknownGpu { uuid: uuid.to_string() });
+        }
+        let modes = self.modes.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(modes.get(uuid).copied().unwrap_or(ComputeMode::Default))
+    }
+
+    fn set_compute_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError> {
+        if !self.has_gpu(uuid) {
+            return Err(GpuError::UnknownGpu { uuid: uuid.to_string() });
+        }
+        tracing::info!(gpu = uuid, ?mode, "mock GPU compute mode set");
+        self.modes.lock().unwrap_or_else(PoisonError::into_inner).insert(uuid.to_string(), mode);
+        Ok(())
     }
 }
 
@@ -294,6 +324,21 @@ mod tests {
             let err = MockBackend::new(&cfg).discover().expect_err("more than the GPU has");
             assert!(err.to_string().contains("need more than the GPU has"), "{profiles:?}: {err}");
         }
+    }
+
+    #[test]
+    fn compute_modes_are_kept_per_gpu_and_unknown_gpus_refused() {
+        use crate::gpu::{ComputeMode, ComputeModes, GpuError};
+        let backend = MockBackend::new(&config("node-a"));
+        let inv = backend.discover().unwrap();
+        let (a, b) = (&inv.devices[0].uuid, &inv.devices[1].uuid);
+        assert_eq!(backend.compute_mode(a).unwrap(), ComputeMode::Default, "as after a boot");
+        backend.set_compute_mode(a, ComputeMode::ExclusiveProcess).unwrap();
+        assert_eq!(backend.compute_mode(a).unwrap(), ComputeMode::ExclusiveProcess);
+        assert_eq!(backend.compute_mode(b).unwrap(), ComputeMode::Default);
+        // Clones share the modes, as handles of one machine do.
+        assert_eq!(backend.clone().compute_mode(a).unwrap(), ComputeMode::ExclusiveProcess);
+        assert!(matches!(backend.set_compute_mode("GPU-nope", ComputeMode::Default), Err(GpuError::UnknownGpu { .. })));
     }
 
     #[test]

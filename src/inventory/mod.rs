@@ -101,8 +101,9 @@ impl Inventory {
     }
 }
 
-/// Turns the node's hardware into an [`Inventory`].
-pub trait DeviceBackend: Send + Sync {
+/// Turns the node's hardware into an [`Inventory`]; also reads and sets compute modes
+/// (see [`crate::gpu`]), since the backend is what holds the GPUs' handles.
+pub trait DeviceBackend: crate::gpu::ComputeModes + Send + Sync {
     /// Short name for logs and messages (`nvml`, `mock`).
     fn name(&self) -> &'static str;
     /// Discovers the devices now. Devices come back sorted by name, validated for publishing.

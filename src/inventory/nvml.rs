@@ -15,6 +15,7 @@ use super::attributes::{GpuFacts, MigFacts, cuda_version_text, gpu_device, mig_d
 use super::attributes::{mig_profile_name, normalize_pci_bus_id};
 use super::{Device, DeviceBackend, Inventory, InventoryError, host};
 use crate::config::{Config, Paths};
+use crate::gpu::{ComputeMode, ComputeModes, GpuError};
 
 /// `nvmlDeviceGetMigMode`'s value for "enabled".
 const MIG_ENABLED: u32 = 1;
@@ -228,6 +229,54 @@ impl DeviceBackend for NvmlBackend {
         inv.devices.sort_by(|a, b| a.name.cmp(&b.name));
         tracing::debug!(devices = inv.devices.len(), "NVML discovery done");
         Ok(inv)
+    }
+}
+
+fn nvml_mode(mode: ComputeMode) -> nvml_wrapper::enum_wrappers::device::ComputeMode {
+    use nvml_wrapper::enum_wrappers::device::ComputeMode as N;
+    match mode {
+        ComputeMode::Default => N::Default,
+        ComputeMode::ExclusiveThread => N::ExclusiveThread,
+        ComputeMode::Prohibited => N::Prohibited,
+        ComputeMode::ExclusiveProcess => N::ExclusiveProcess,
+    }
+}
+
+impl NvmlBackend {
+    fn by_uuid(&self, uuid: &str) -> Result<nvml_wrapper::Device<'_>, GpuError> {
+        self.nvml.device_by_uuid(uuid).map_err(|e| match e {
+            NvmlError::NotFound => GpuError::UnknownGpu { uuid: uuid.to_string() },
+            source => {
+                GpuError::Nvml { call: "nvmlDeviceGetHandleByUUID", uuid: uuid.to_string(), source: Box::new(source) }
+            }
+        })
+    }
+}
+
+impl ComputeModes for NvmlBackend {
+    fn compute_mode(&self, uuid: &str) -> Result<ComputeMode, GpuError> {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode as N;
+        let mode = self.by_uuid(uuid)?.compute_mode().map_err(|source| GpuError::Nvml {
+            call: "nvmlDeviceGetComputeMode",
+            uuid: uuid.to_string(),
+            source: Box::new(source),
+        })?;
+        Ok(match mode {
+            N::Default => ComputeMode::Default,
+            N::ExclusiveThread => ComputeMode::ExclusiveThread,
+            N::Prohibited => ComputeMode::Prohibited,
+            N::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+        })
+    }
+
+    fn set_compute_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError> {
+        self.by_uuid(uuid)?.set_compute_mode(nvml_mode(mode)).map_err(|source| GpuError::Nvml {
+            call: "nvmlDeviceSetComputeMode",
+            uuid: uuid.to_string(),
+            source: Box::new(source),
+        })?;
+        tracing::info!(gpu = uuid, ?mode, "GPU compute mode set");
+        Ok(())
     }
 }
 

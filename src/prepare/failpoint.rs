@@ -23,11 +23,16 @@ pub fn hit(name: &str) {
 }
 
 /// The failpoints, in the order a prepare and an unprepare pass them.
-pub const POINTS: [&str; 6] = [
+pub const POINTS: [&str; 11] = [
     "prepare-after-started",
+    "prepare-after-gpu-recorded",
+    "prepare-after-compute-mode",
+    "prepare-after-timeslice",
     "prepare-after-cdi-write",
     "prepare-before-completed",
     "prepare-after-completed",
     "unprepare-after-cdi-remove",
+    "unprepare-after-timeslice-reset",
+    "unprepare-after-compute-mode-restore",
     "unprepare-after-record-remove",
 ];

@@ -31,9 +31,11 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::gpu::timeslice::{self, NvidiaSmi};
+use crate::gpu::{ChangeCounts, ComputeMode, ComputeModes, GpuError, Setting};
 use crate::inventory::Inventory;
 use crate::plugin::handler::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
-use crate::state::{ClaimRecord, Phase, SCHEMA_VERSION, StateError, Store};
+use crate::state::{ClaimRecord, GPU_CHANGE_SCHEMA, GpuChange, Phase, SCHEMA_VERSION, StateError, Store};
 use driver_files::DriverFilesCache;
 use locks::ClaimLocks;
 
@@ -164,6 +166,17 @@ pub struct PrepareSettings {
     pub sys_root: PathBuf,
     /// The edra binary, which the CDI specs run as their hook.
     pub hook_binary: PathBuf,
+    /// The `nvidia-smi` that sets time-slice intervals.
+    pub nvidia_smi: NvidiaSmi,
+}
+
+/// The folder of the driver root's NVML library, for tools the driver root ships, when the
+/// driver root is not `/` (on `/` the loader finds it by itself).
+fn nvml_library_dir(library: &Path, driver_root: &Path) -> Option<PathBuf> {
+    crate::inventory::host::library_candidates(library, driver_root)
+        .into_iter()
+        .find(|p| p.is_absolute() && p.exists() && driver_root != Path::new("/"))
+        .and_then(|p| p.parent().map(Path::to_path_buf))
 }
 
 impl PrepareSettings {
@@ -179,6 +192,11 @@ impl PrepareSettings {
             proc_root: config.paths.proc_root.clone(),
             sys_root: config.paths.sys_root.clone(),
             hook_binary,
+            nvidia_smi: NvidiaSmi::new(
+                config.paths.nvidia_smi.as_deref(),
+                &config.paths.driver_root,
+                nvml_library_dir(&config.nvml.library, &config.paths.driver_root),
+            ),
         }
     }
 
@@ -241,12 +259,47 @@ pub enum PrepareError {
     #[error("invalid GpuConfig")]
     Config(#[source] config::ConfigError),
     /// A sharing strategy edra does not implement yet.
-    #[error("sharing strategy {strategy} (request {request}) is not supported yet; use Exclusive")]
+    #[error("sharing strategy {strategy} (request {request}) is not supported yet; use Exclusive or TimeSlicing")]
     UnsupportedSharing {
         /// The strategy.
         strategy: config::Strategy,
         /// The request it applies to.
         request: String,
+    },
+    /// TimeSlicing asked for on a MIG device.
+    #[error(
+        "sharing strategy TimeSlicing (request {request}) cannot apply to MIG device {device}: the time-slice is a \
+         setting of a full GPU; use Exclusive for MIG devices or request a full GPU"
+    )]
+    TimeSlicingOnMig {
+        /// The request.
+        request: String,
+        /// The MIG device.
+        device: String,
+    },
+    /// One device got different configs through two requests.
+    #[error(
+        "device {device} is allocated to requests {first} and {second} with different GpuConfigs; give both \
+         requests the same config"
+    )]
+    ConflictingConfigs {
+        /// The device.
+        device: String,
+        /// The first request.
+        first: String,
+        /// The second request.
+        second: String,
+    },
+    /// A GPU could not be read, changed or restored.
+    #[error("cannot {action} of GPU {uuid}")]
+    Gpu {
+        /// What was being done.
+        action: &'static str,
+        /// The GPU's UUID.
+        uuid: String,
+        /// The cause.
+        #[source]
+        source: GpuError,
     },
     /// The state store failed or refused.
     #[error(transparent)]
@@ -292,6 +345,8 @@ pub struct Preparer {
 
 struct Inner {
     store: Store,
+    compute_modes: Arc<dyn ComputeModes>,
+    gpu_counts: Arc<ChangeCounts>,
     inventory: watch::Receiver<Arc<Inventory>>,
     claims: Arc<dyn ClaimSource>,
     settings: PrepareSettings,
@@ -331,18 +386,22 @@ fn answer(record: &ClaimRecord) -> Vec<PreparedDevice> {
 }
 
 impl Preparer {
-    /// A preparer over `store`, the current inventory and a claim source.
+    /// A preparer over `store`, the current inventory, a claim source and the backend's
+    /// compute-mode control.
     pub fn new(
         store: Store,
         inventory: watch::Receiver<Arc<Inventory>>,
         claims: Arc<dyn ClaimSource>,
         settings: PrepareSettings,
+        compute_modes: Arc<dyn ComputeModes>,
     ) -> Self {
         let host =
             driver_files::HostRoots { sys_root: settings.sys_root.clone(), proc_root: settings.proc_root.clone() };
         let inner = Inner {
             boot_id: read_boot_id(&settings.proc_root),
             store,
+            compute_modes,
+            gpu_counts: Arc::default(),
             inventory,
             claims,
             settings,
@@ -360,6 +419,30 @@ impl Preparer {
     /// The state store.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// GPU setting changes made or tried so far (for the metrics).
+    pub fn gpu_change_counts(&self) -> Arc<ChangeCounts> {
+        self.inner.gpu_counts.clone()
+    }
+
+    /// Sets a compute mode, counting the outcome.
+    fn set_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError> {
+        let r = self.inner.compute_modes.set_compute_mode(uuid, mode);
+        self.inner.gpu_counts.record(Setting::ComputeMode, r.is_ok());
+        r
+    }
+
+    /// Sets a time-slice value, counting the outcome.
+    fn set_slice(&self, uuid: &str, value: u8) -> Result<(), GpuError> {
+        let r = self.inner.settings.nvidia_smi.set_timeslice(uuid, value);
+        self.inner.gpu_counts.record(Setting::Timeslice, r.is_ok());
+        r
+    }
+
+    /// The compute-mode control in use.
+    pub fn compute_modes(&self) -> Arc<dyn ComputeModes> {
+        self.inner.compute_modes.clone()
     }
 
     /// Builds and checks the spec of `record` from the current inventory.
@@ -429,6 +512,15 @@ impl Preparer {
             self.inner.claims.get_claim(&claim.namespace, &claim.name, deadline).await.map_err(PrepareError::Fetch)?;
         let inventory = self.inner.inventory.borrow().clone();
         let devices = plan::plan(&self.inner.settings, &claim, &fetched, &inventory)?;
+        let gpus = plan::timeslicing_gpus(&devices, &inventory);
+        if !gpus.is_empty() {
+            // Before anything is recorded or changed: a missing binary leaves all as it was.
+            self.inner.settings.nvidia_smi.check().map_err(|source| PrepareError::Gpu {
+                action: "set the time-slice",
+                uuid: gpus[0].uuid.clone(),
+                source,
+            })?;
+        }
         let record = ClaimRecord {
             schema: SCHEMA_VERSION,
             uid: claim.uid.clone(),
@@ -444,20 +536,21 @@ impl Preparer {
         let held = guard.clone();
         let done = blocking(move || {
             let _held = held;
-            this.apply(record)
+            this.apply(record, &gpus)
         })
         .await??;
         tracing::info!(claim.uid = %done.uid, devices = done.devices.len(), "claim prepared");
         Ok(answer(&done))
     }
 
-    /// Steps 4–6 of prepare (blocking I/O): PrepareStarted, spec, PrepareCompleted. On a
-    /// failure after PrepareStarted, what was done is undone.
-    fn apply(&self, mut record: ClaimRecord) -> Result<ClaimRecord, PrepareError> {
+    /// Steps 4–6 of prepare (blocking I/O): PrepareStarted, GPU settings, spec,
+    /// PrepareCompleted. On a failure after PrepareStarted, what was done is undone.
+    fn apply(&self, mut record: ClaimRecord, gpus: &[plan::TimeSlicedGpu]) -> Result<ClaimRecord, PrepareError> {
         let store = &self.inner.store;
         store.put_claim(&record)?;
         failpoint::hit("prepare-after-started");
         let finish = (|| {
+            self.time_slice(&record.uid, gpus)?;
             self.write_spec_of(&record)?;
             failpoint::hit("prepare-after-cdi-write");
             record.phase = Phase::PrepareCompleted;
@@ -467,13 +560,99 @@ impl Preparer {
             Ok(())
         })();
         if let Err(e) = finish {
-            let _ = cdi::remove_spec(&record.cdi_spec_path);
-            if let Err(undo) = store.remove_claim(&record.uid) {
-                tracing::warn!(claim.uid = %record.uid, error = %undo, "cannot roll back a failed prepare; recovery will");
+            if let Err(undo) = self.release(&record.uid) {
+                tracing::warn!(
+                    claim.uid = %record.uid,
+                    error = %message(&undo),
+                    "cannot roll back a failed prepare; unprepare or recovery at the next start will"
+                );
             }
             return Err(e);
         }
         Ok(record)
+    }
+
+    /// Sets compute mode DEFAULT and the interval on each GPU, each change recorded
+    /// durably before it is made (blocking I/O).
+    fn time_slice(&self, uid: &str, gpus: &[plan::TimeSlicedGpu]) -> Result<(), PrepareError> {
+        let modes = &self.inner.compute_modes;
+        for g in gpus {
+            let gpu_err = |action| gpu_error(action, &g.uuid);
+            let previous = modes.compute_mode(&g.uuid).map_err(gpu_err("read the compute mode"))?;
+            let value = timeslice::interval_value(g.interval);
+            self.inner.store.put_gpu_change(&GpuChange {
+                schema: GPU_CHANGE_SCHEMA,
+                uuid: g.uuid.clone(),
+                device: g.device.clone(),
+                claim: uid.to_string(),
+                previous_compute_mode: previous,
+                compute_mode: ComputeMode::Default,
+                timeslice: Some(value),
+            })?;
+            failpoint::hit("prepare-after-gpu-recorded");
+            self.set_mode(&g.uuid, ComputeMode::Default).map_err(gpu_err("set the compute mode"))?;
+            failpoint::hit("prepare-after-compute-mode");
+            self.set_slice(&g.uuid, value).map_err(gpu_err("set the time-slice"))?;
+            failpoint::hit("prepare-after-timeslice");
+            tracing::info!(claim.uid = uid, gpu = %g.uuid, interval = ?g.interval, "GPU time-sliced");
+        }
+        Ok(())
+    }
+
+    /// Puts back what the GPU change records of claim `uid` say edra changed: the
+    /// time-slice to the driver's default (0), then the compute mode as it was (blocking
+    /// I/O). A GPU no longer in the inventory is skipped. The records stay; the caller drops
+    /// them.
+    fn restore_gpus(&self, uid: &str) -> Result<(), PrepareError> {
+        for c in self.inner.store.gpu_changes()?.into_iter().filter(|c| c.claim == uid) {
+            let gpu_err = |action| gpu_error(action, &c.uuid);
+            let gone = |r: Result<(), GpuError>| match r {
+                Err(GpuError::UnknownGpu { uuid }) => {
+                    tracing::warn!(claim.uid = uid, gpu = %uuid, "GPU is gone; nothing to restore on it");
+                    Ok(())
+                }
+                other => other,
+            };
+            if !self.gpu_present(&c.uuid) {
+                // Fallen off the bus or removed: nothing to restore, and nvidia-smi would fail forever.
+                tracing::warn!(claim.uid = uid, gpu = %c.uuid, "GPU is no longer on this node; nothing to restore on it");
+                continue;
+            }
+            if c.timeslice.is_some() {
+                self.set_slice(&c.uuid, 0).map_err(gpu_err("reset the time-slice"))?;
+            }
+            failpoint::hit("unprepare-after-timeslice-reset");
+            gone(self.set_mode(&c.uuid, c.previous_compute_mode)).map_err(gpu_err("restore the compute mode"))?;
+            failpoint::hit("unprepare-after-compute-mode-restore");
+            tracing::info!(claim.uid = uid, gpu = %c.uuid, compute_mode = ?c.previous_compute_mode, "GPU settings restored");
+        }
+        Ok(())
+    }
+
+    /// Whether the full GPU `uuid` is in the current inventory (itself, or as the parent of
+    /// MIG devices).
+    fn gpu_present(&self, uuid: &str) -> bool {
+        let inventory = self.inner.inventory.borrow();
+        inventory
+            .devices
+            .iter()
+            .any(|d| d.uuid == uuid || matches!(&d.kind, crate::inventory::DeviceKind::Mig(m) if m.parent_uuid == uuid))
+    }
+
+    /// Sets again what the GPU change records of claim `uid` say (blocking I/O): compute
+    /// modes and intervals do not survive a reboot or a driver reload, and the claim's
+    /// pods expect them.
+    pub(crate) fn reapply_gpus(&self, uid: &str) -> Result<usize, PrepareError> {
+        let mut n = 0;
+        for c in self.inner.store.gpu_changes()?.into_iter().filter(|c| c.claim == uid) {
+            let gpu_err = |action| gpu_error(action, &c.uuid);
+            self.set_mode(&c.uuid, c.compute_mode).map_err(gpu_err("set the compute mode"))?;
+            if let Some(v) = c.timeslice {
+                self.set_slice(&c.uuid, v).map_err(gpu_err("set the time-slice"))?;
+            }
+            n += 1;
+        }
+        Ok(n)
     }
 
     async fn unprepare_one(&self, claim: ClaimRef) -> Result<(), PrepareError> {
@@ -487,7 +666,8 @@ impl Preparer {
         .await?
     }
 
-    /// Removes a claim's spec and record (blocking I/O); unknown UIDs are fine.
+    /// Removes a claim's spec, restores the GPUs it changed, then removes its records
+    /// (blocking I/O); unknown UIDs are fine.
     pub(crate) fn release(&self, uid: &str) -> Result<(), PrepareError> {
         let store = &self.inner.store;
         let Some(rec) = store.claim(uid)? else {
@@ -500,11 +680,18 @@ impl Preparer {
             source,
         })?;
         failpoint::hit("unprepare-after-cdi-remove");
+        self.restore_gpus(uid)?;
         store.remove_claim(uid)?;
         failpoint::hit("unprepare-after-record-remove");
         tracing::info!(claim.uid = uid, phase = ?rec.phase, "claim unprepared");
         Ok(())
     }
+}
+
+/// Wraps a GPU failure with what was being done to which GPU.
+fn gpu_error(action: &'static str, uuid: &str) -> impl FnOnce(GpuError) -> PrepareError {
+    let uuid = uuid.to_string();
+    move |source| PrepareError::Gpu { action, uuid, source }
 }
 
 fn message(e: &PrepareError) -> String {

@@ -6,7 +6,8 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use super::PrepareError;
 use super::config::{self, Strategy};
 use super::{PrepareSettings, cdi};
-use crate::inventory::Inventory;
+use crate::device_config::Interval;
+use crate::inventory::{DeviceKind, Inventory};
 use crate::plugin::handler::ClaimRef;
 use crate::state::DeviceRecord;
 
@@ -48,10 +49,25 @@ pub fn plan(
     let vendor = settings.cdi_vendor();
     let mut out = Vec::with_capacity(results.len());
     for (r, cfg) in results.into_iter().zip(configs) {
-        if cfg.sharing.strategy != Strategy::Exclusive {
-            return Err(PrepareError::UnsupportedSharing {
-                strategy: cfg.sharing.strategy,
-                request: r.request.clone(),
+        match cfg.sharing.strategy {
+            Strategy::Exclusive => {}
+            Strategy::TimeSlicing => {
+                if let Some(DeviceKind::Mig(_)) = inventory.device(&r.device).map(|d| &d.kind) {
+                    return Err(PrepareError::TimeSlicingOnMig {
+                        request: r.request.clone(),
+                        device: r.device.clone(),
+                    });
+                }
+            }
+            strategy @ Strategy::Mps => {
+                return Err(PrepareError::UnsupportedSharing { strategy, request: r.request.clone() });
+            }
+        }
+        if let Some(other) = out.iter().find(|d: &&DeviceRecord| d.device == r.device && d.config != cfg) {
+            return Err(PrepareError::ConflictingConfigs {
+                device: r.device.clone(),
+                first: other.request.clone(),
+                second: r.request.clone(),
             });
         }
         out.push(DeviceRecord {
@@ -66,4 +82,29 @@ pub fn plan(
         });
     }
     Ok(out)
+}
+
+/// A full GPU a claim time-slices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimeSlicedGpu {
+    /// The device name.
+    pub device: String,
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// The interval asked for.
+    pub interval: Interval,
+}
+
+/// The full GPUs among `devices` whose config is TimeSlicing, each once, in device order.
+pub fn timeslicing_gpus(devices: &[DeviceRecord], inventory: &Inventory) -> Vec<TimeSlicedGpu> {
+    let mut out: Vec<TimeSlicedGpu> = Vec::new();
+    for d in devices.iter().filter(|d| d.config.sharing.strategy == Strategy::TimeSlicing) {
+        let Some(dev) = inventory.device(&d.device).filter(|dev| dev.kind == DeviceKind::Gpu) else { continue };
+        if out.iter().any(|g| g.device == d.device) {
+            continue;
+        }
+        let interval = d.config.sharing.time_slicing.as_ref().and_then(|t| t.interval).unwrap_or_default();
+        out.push(TimeSlicedGpu { device: d.device.clone(), uuid: dev.uuid.clone(), interval });
+    }
+    out
 }

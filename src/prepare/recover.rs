@@ -2,9 +2,11 @@
 //! store, the CDI directory and the node agree again.
 //!
 //! A crash (kill -9, power cut) can leave PrepareStarted records, partly written or
-//! orphaned spec files; a reboot clears the CDI directory under /var/run. Recovery rolls
-//! back PrepareStarted records (spec and device holdings), keeps PrepareCompleted ones
-//! (the kubelet may call prepare again for their pods) and re-writes their missing specs,
+//! orphaned spec files and GPUs whose compute mode or time-slice edra changed; a reboot
+//! clears the CDI directory under /var/run and the GPUs' settings. Recovery rolls back
+//! PrepareStarted records (spec, GPU settings as the GPU change records say, device
+//! holdings), keeps PrepareCompleted ones (the kubelet may call prepare again for their
+//! pods), sets their GPU settings again and re-writes their missing specs,
 //! removes spec files of edra's kind that no record owns and temp files whose writer is
 //! gone, and stores the boot ID. Each claim is handled under its lock, so recovery can run
 //! while the kubelet is served (after a re-open) without undoing a prepare in flight. The
@@ -27,6 +29,10 @@ pub struct RecoveryReport {
     pub rewrite_failed: Vec<String>,
     /// Files removed from the CDI directory.
     pub orphans_removed: Vec<std::path::PathBuf>,
+    /// Prepared claims whose GPU settings (compute mode, time-slice) were set again.
+    pub gpus_reapplied: Vec<String>,
+    /// Prepared claims whose GPU settings could not be set again (kept; logged).
+    pub gpus_reapply_failed: Vec<String>,
 }
 
 impl Preparer {
@@ -64,17 +70,32 @@ impl Preparer {
                     tracing::info!(claim.uid = %rec.uid, "rolled back an interrupted prepare");
                     report.rolled_back.push(rec.uid);
                 }
-                Phase::PrepareCompleted if !rec.cdi_spec_path.exists() => match self.write_spec_of(&rec) {
-                    Ok(()) => {
-                        tracing::info!(claim.uid = %rec.uid, "re-wrote a missing CDI spec");
-                        report.rewritten.push(rec.uid);
+                Phase::PrepareCompleted => {
+                    match self.reapply_gpus(&rec.uid) {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::info!(claim.uid = %rec.uid, gpus = n, "set a prepared claim's GPU settings again");
+                            report.gpus_reapplied.push(rec.uid.clone());
+                        }
+                        Err(e) => {
+                            tracing::warn!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot set a prepared claim's GPU settings again; its pods share the GPU without them");
+                            report.gpus_reapply_failed.push(rec.uid.clone());
+                        }
                     }
-                    Err(e) => {
-                        tracing::warn!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot re-write a missing CDI spec; prepare will retry");
-                        report.rewrite_failed.push(rec.uid);
+                    if rec.cdi_spec_path.exists() {
+                        continue;
                     }
-                },
-                Phase::PrepareCompleted => {}
+                    match self.write_spec_of(&rec) {
+                        Ok(()) => {
+                            tracing::info!(claim.uid = %rec.uid, "re-wrote a missing CDI spec");
+                            report.rewritten.push(rec.uid);
+                        }
+                        Err(e) => {
+                            tracing::warn!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot re-write a missing CDI spec; prepare will retry");
+                            report.rewrite_failed.push(rec.uid);
+                        }
+                    }
+                }
             }
         }
         let vendor = settings.cdi_vendor();
@@ -112,6 +133,8 @@ impl Preparer {
             rolled_back = report.rolled_back.len(),
             rewritten = report.rewritten.len(),
             orphans_removed = report.orphans_removed.len(),
+            gpus_reapplied = report.gpus_reapplied.len(),
+            gpus_reapply_failed = report.gpus_reapply_failed.len(),
             "state recovered"
         );
         Ok(report)

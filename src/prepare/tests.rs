@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::json;
 
 use super::*;
+use crate::gpu::testing::{FakeNvidiaSmi, FileModes};
 use crate::inventory::{Device, DeviceKind, Inventory};
 
 const DRIVER: &str = "gpu.edra.dev";
@@ -52,6 +53,10 @@ pub(super) struct Fixture {
     pub claims: Arc<MemClaims>,
     pub preparer: Preparer,
     pub inventory_tx: watch::Sender<Arc<Inventory>>,
+    /// The GPUs' compute modes (survive a restart of the preparer, as hardware does).
+    pub modes: Arc<FileModes>,
+    /// The stand-in `nvidia-smi` the settings point at.
+    pub smi: FakeNvidiaSmi,
 }
 
 fn gpu(minor: u32, dev_root: &Path) -> Device {
@@ -105,6 +110,7 @@ impl Fixture {
             cuda_driver_version: Some("12.4".into()),
         };
         let (inventory_tx, rx) = watch::channel(Arc::new(inventory));
+        let smi = FakeNvidiaSmi::install(&root.join("smi"));
         let settings = PrepareSettings {
             driver: DRIVER.into(),
             node: NODE.into(),
@@ -115,25 +121,41 @@ impl Fixture {
             proc_root: root.join("proc"),
             sys_root: root.join("sys"),
             hook_binary: "/usr/bin/edra".into(),
+            nvidia_smi: crate::gpu::timeslice::NvidiaSmi::new(Some(&smi.path), &root.join("driver"), None),
         };
-        let store = Store::open(&root.join("state")).unwrap();
+        let store = open_when_unlocked(&root.join("state"));
         let claims = Arc::new(MemClaims::default());
-        let preparer = Preparer::new(store, rx, claims.clone(), settings);
-        Fixture { _tmp: None, root: root.to_path_buf(), claims, preparer, inventory_tx }
+        let modes = Arc::new(FileModes::at(root.join("gpu-modes")));
+        let preparer = Preparer::new(store, rx, claims.clone(), settings, modes.clone());
+        Fixture { _tmp: None, root: root.to_path_buf(), claims, preparer, inventory_tx, modes, smi }
     }
 
     /// The same directories with a fresh Preparer (as after a restart).
     pub fn restart(self) -> Fixture {
-        let Fixture { _tmp, root, claims, preparer, inventory_tx } = self;
+        let Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi } = self;
         let settings = preparer.settings().clone();
         drop(preparer);
-        let store = Store::open(&root.join("state")).unwrap();
-        let preparer = Preparer::new(store, inventory_tx.subscribe(), claims.clone(), settings);
-        Fixture { _tmp, root, claims, preparer, inventory_tx }
+        let store = open_when_unlocked(&root.join("state"));
+        let preparer = Preparer::new(store, inventory_tx.subscribe(), claims.clone(), settings, modes.clone());
+        Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi }
     }
 
     pub fn cdi_dir(&self) -> PathBuf {
         self.preparer.settings().cdi_dir.clone()
+    }
+}
+
+/// Opens the store in `dir`, waiting (bounded) for the lock of a just-closed one to clear:
+/// a child another test thread is spawning holds the descriptors until its exec.
+pub(super) fn open_when_unlocked(dir: &Path) -> Store {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match Store::open(dir) {
+            Err(e) if crate::state::lock_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.unwrap(),
+        }
     }
 }
 
@@ -339,6 +361,7 @@ async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
         f.inventory_tx.subscribe(),
         Arc::new(Unreachable),
         f.preparer.settings().clone(),
+        f.preparer.compute_modes(),
     );
     let r = offline.prepare(vec![cref(UID1, "c1"), cref(UID2, "c2")]).await;
     assert_eq!(ok(&r, UID1), first);
@@ -348,25 +371,11 @@ async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
     assert!(offline.store().claims().unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn time_slicing_is_refused_per_claim_for_now() {
-    let f = Fixture::new();
-    let ts = json!([{"source": "FromClaim", "requests": ["alt/one"], "opaque": {"driver": DRIVER, "parameters":
-        {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}}}}}]);
-    f.claims.put(claim(
-        UID1,
-        "c1",
-        &[("gpu", DRIVER, NODE, "gpu-0", false), ("alt/one", DRIVER, NODE, "gpu-1", false)],
-        ts,
-    ));
-    let e = err(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
-    assert!(e.contains("sharing strategy TimeSlicing (request alt/one) is not supported yet; use Exclusive"), "{e}");
-    assert!(f.preparer.store().holder("gpu-0").unwrap().is_none());
-}
-
 #[path = "tests_cancel.rs"]
 mod cancel;
 #[path = "tests_recovery.rs"]
 mod recovery;
+#[path = "tests_sharing.rs"]
+mod sharing;
 #[path = "tests_cdi.rs"]
 mod spec;

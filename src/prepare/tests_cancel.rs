@@ -43,6 +43,7 @@ fn a_cancelled_prepare_keeps_the_claim_locked_until_its_blocking_work_ends() {
             f.inventory_tx.subscribe(),
             source,
             f.preparer.settings().clone(),
+            f.preparer.compute_modes(),
         );
         let call = tokio::spawn({
             let p = p.clone();

@@ -85,18 +85,31 @@ async fn recovery_converges_after_a_simulated_crash_and_reboot() {
 async fn crash_child() {
     let Ok(dir) = std::env::var(CRASH_DIR) else { return };
     let f = Fixture::at(Path::new(&dir));
-    f.claims.put(claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    f.claims.put(claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false)], time_sliced()));
     let r = f.preparer.prepare(vec![cref(UID1, "c")]).await;
     assert!(r[UID1].is_ok(), "{r:?}");
     f.preparer.unprepare(vec![cref(UID1, "c")]).await;
 }
 
+/// The crash tests' claim config: TimeSlicing (Short), so every failpoint is passed.
+#[cfg(debug_assertions)]
+fn time_sliced() -> serde_json::Value {
+    json!([{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters":
+        {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig",
+         "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}}}}}])
+}
+
 #[cfg(debug_assertions)]
 #[tokio::test]
 async fn crash_at_every_failpoint_converges() {
+    use crate::gpu::ComputeMode;
+    use crate::gpu::testing::FileModes;
+    const GPU0: &str = "GPU-00000000-aaaa-bbbb-cccc-000000000000";
     let exe = std::env::current_exe().unwrap();
     for point in failpoint::POINTS {
         let tmp = tempfile::tempdir().unwrap();
+        // The GPU's mode before edra touches it; the modes file outlives the child, as a GPU's state does.
+        FileModes::at(tmp.path().join("gpu-modes")).set_compute_mode(GPU0, ComputeMode::ExclusiveProcess).unwrap();
         let out = std::process::Command::new(&exe)
             .args(["--ignored", "--exact", "prepare::tests::recovery::crash_child", "--nocapture"])
             .env(failpoint::ENV, point)
@@ -110,27 +123,40 @@ async fn crash_at_every_failpoint_converges() {
         let report = f.preparer.recover().unwrap();
         let store = f.preparer.store();
         match store.claim(UID1).unwrap() {
-            // Completed before the crash: kept, with its spec in place.
+            // Completed before the crash: kept, with its spec and GPU settings in place.
             Some(rec) => {
                 assert_eq!(rec.phase, Phase::PrepareCompleted, "{point}");
                 assert!(spec_path(&f, UID1).exists(), "{point}");
                 assert_eq!(store.holder("gpu-0").unwrap().as_deref(), Some(UID1), "{point}");
+                assert_eq!(f.modes.mode(GPU0), ComputeMode::Default, "{point}");
+                let last = f.smi.calls().last().cloned();
+                assert_eq!(last, Some(format!("compute-policy -i {GPU0} --set-timeslice=1")), "{point}");
+                assert_eq!(store.gpu_changes().unwrap().len(), 1, "{point}");
             }
-            // Otherwise rolled back completely.
+            // Otherwise rolled back completely, the GPU as it was.
             None => {
                 assert!(!spec_path(&f, UID1).exists(), "{point}: {report:?}");
                 assert!(store.holder("gpu-0").unwrap().is_none(), "{point}");
+                assert_eq!(f.modes.mode(GPU0), ComputeMode::ExclusiveProcess, "{point}");
+                if let Some(last) = f.smi.calls().last() {
+                    assert_eq!(last, &format!("compute-policy -i {GPU0} --set-timeslice=0"), "{point}");
+                }
+                assert!(store.gpu_changes().unwrap().is_empty(), "{point}");
             }
         }
         let leftovers: Vec<_> =
             std::fs::read_dir(f.cdi_dir()).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
         assert!(leftovers.len() <= 1, "{point}: {leftovers:?}");
         // From any of these states, prepare then unprepare converge to nothing.
-        f.claims.put(claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+        f.claims.put(claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false)], time_sliced()));
         let r = f.preparer.prepare(vec![cref(UID1, "c")]).await;
         assert!(r[UID1].is_ok(), "{point}: {r:?}");
+        assert_eq!(f.modes.mode(GPU0), ComputeMode::Default, "{point}");
         f.preparer.unprepare(vec![cref(UID1, "c")]).await;
         assert!(store.claims().unwrap().is_empty() && store.holder("gpu-0").unwrap().is_none(), "{point}");
+        assert!(store.gpu_changes().unwrap().is_empty(), "{point}");
+        assert_eq!(f.modes.mode(GPU0), ComputeMode::ExclusiveProcess, "{point}");
+        assert_eq!(f.smi.calls().last().unwrap(), &format!("compute-policy -i {GPU0} --set-timeslice=0"), "{point}");
         assert_eq!(std::fs::read_dir(f.cdi_dir()).unwrap().count(), 0, "{point}");
     }
 }

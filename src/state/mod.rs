@@ -1,8 +1,9 @@
 //! Node-local allocation state: a sled database behind a narrow, durable store API.
 //!
-//! Three trees: `claims` (claim UID → [`ClaimRecord`]), `devices` (device name → UID of the
-//! claim holding it exclusively) and `meta` (store schema version, boot ID, the store's
-//! identity). Every change is one sled transaction across the trees, made durable before
+//! Four trees: `claims` (claim UID → [`ClaimRecord`]), `devices` (device name → UID of the
+//! claim holding it exclusively), `gpu_changes` (GPU UUID → [`GpuChange`], what edra is
+//! changing on that GPU for a claim, written before the change) and `meta` (store schema
+//! version, boot ID, the store's identity). Every change is one sled transaction across the trees, made durable before
 //! the call returns: sled 0.34's `flush()` only issues `sync_file_range` on Linux (its
 //! issue #1452), which persists neither metadata nor the disk cache, so each commit is
 //! followed by `fsync` of the database's log file (`db`) and its `conf`; the directory
@@ -31,7 +32,7 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use tokio::sync::watch;
 
-pub use record::{ClaimRecord, DeviceRecord, Phase, RecordError, SCHEMA_VERSION};
+pub use record::{ClaimRecord, DeviceRecord, GPU_CHANGE_SCHEMA, GpuChange, Phase, RecordError, SCHEMA_VERSION};
 
 const META_SCHEMA: &[u8] = b"schema";
 /// Upper bound of sled's in-memory page cache. sled's default is 1 GiB; edra's state is a
@@ -101,6 +102,25 @@ pub enum StateError {
         /// `namespace/name` of that claim, when its record is readable.
         holder_name: Option<String>,
     },
+    /// A stored GPU change record cannot be used.
+    #[error("the stored change record of GPU {uuid} cannot be read; upgrade edra or move the state directory aside")]
+    GpuRecord {
+        /// The GPU's UUID.
+        uuid: String,
+        /// The cause.
+        #[source]
+        source: RecordError,
+    },
+    /// Another claim is changing the GPU's settings.
+    #[error(
+        "GPU {uuid} has its compute mode or time-slice set for claim UID {holder}; unprepare that claim first (delete its pod)"
+    )]
+    GpuChanged {
+        /// The GPU's UUID.
+        uuid: String,
+        /// The claim UID whose change it carries.
+        holder: String,
+    },
     /// A read or a transaction failed.
     #[error("cannot {op} in edra's state database")]
     Db {
@@ -156,6 +176,7 @@ struct Db {
     db: sled::Db,
     claims: sled::Tree,
     devices: sled::Tree,
+    gpu_changes: sled::Tree,
     meta: sled::Tree,
     /// sled's log file (`db`), kept open for fsync.
     log: File,
@@ -235,6 +256,7 @@ impl Db {
         let tree = |name: &str| db.open_tree(name).map_err(open_err);
         let log = File::open(dir.join("db")).map_err(|source| StateError::Sync { dir: dir.to_path_buf(), source })?;
         let (claims, devices, meta) = (tree("claims")?, tree("devices")?, tree("meta")?);
+        let gpu_changes = tree("gpu_changes")?;
         match meta.get(META_SCHEMA).map_err(open_err)? {
             Some(v) => {
                 let found = std::str::from_utf8(&v).ok().and_then(|s| s.parse::<u32>().ok()).unwrap_or(u32::MAX);
@@ -254,7 +276,7 @@ impl Db {
                 id
             }
         };
-        Ok(Db { db, claims, devices, meta, log, id })
+        Ok(Db { db, claims, devices, gpu_changes, meta, log, id })
     }
 
     /// Flushes sled, then fsyncs its log file: the only way a change survives a power cut.
@@ -388,12 +410,16 @@ impl Store {
         self.inner.syncs_left.store(ok.unwrap_or(u64::MAX), std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Writes raw bytes into tree `claims` or `meta`, durably (tests only: records and
+    /// Writes raw bytes into tree `claims`, `gpu_changes` or `meta`, durably (tests only: records and
     /// versions no edra writes).
     #[cfg(test)]
     pub(crate) fn raw_insert(&self, tree: &str, key: &[u8], value: &[u8]) {
         self.with_db(|db| {
-            let t = if tree == "meta" { &db.meta } else { &db.claims };
+            let t = match tree {
+                "meta" => &db.meta,
+                "gpu_changes" => &db.gpu_changes,
+                _ => &db.claims,
+            };
             t.insert(key, value).map_err(db_err("insert (test)"))?;
             self.durable(db)
         })
@@ -501,11 +527,20 @@ impl Store {
         })
     }
 
-    /// Deletes claim `uid` and releases its devices, durably; returns the removed record.
+    /// Deletes claim `uid`, releases its devices and drops its GPU change records (the
+    /// caller restored those GPUs first), durably; returns the removed record.
     pub fn remove_claim(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
         let key = uid.as_bytes();
+        let changes: Vec<String> = self.gpu_changes()?.into_iter().filter(|c| c.claim == uid).map(|c| c.uuid).collect();
         self.with_db(|db| {
-            let result = (&db.claims, &db.devices).transaction(|(claims, devices)| {
+            let result = (&db.claims, &db.devices, &db.gpu_changes).transaction(|(claims, devices, gpus)| {
+                for gpu in &changes {
+                    if let Some(v) = gpus.get(gpu.as_bytes())?
+                        && record::decode_gpu_change(&v).is_ok_and(|c| c.claim == uid)
+                    {
+                        gpus.remove(gpu.as_bytes())?;
+                    }
+                }
                 let Some(old) = claims.remove(key)? else { return Ok(None) };
                 let old = record::decode_claim(&old).map_err(|source| {
                     ConflictableTransactionError::Abort(StateError::Record { uid: uid.to_string(), source })
@@ -518,10 +553,54 @@ impl Store {
                 Ok(Some(old))
             });
             let removed = tx_result(result, "remove a claim")?;
-            if removed.is_some() {
+            if removed.is_some() || !changes.is_empty() {
                 self.durable(db)?;
             }
             Ok(removed)
+        })
+    }
+
+    /// Every GPU change record, in GPU UUID order.
+    pub fn gpu_changes(&self) -> Result<Vec<GpuChange>, StateError> {
+        self.with_db(|db| {
+            let mut out = Vec::new();
+            for item in db.gpu_changes.iter() {
+                let (k, v) = item.map_err(|source| StateError::Db { op: "list GPU changes", source })?;
+                let uuid = String::from_utf8_lossy(&k).into_owned();
+                out.push(record::decode_gpu_change(&v).map_err(|source| StateError::GpuRecord { uuid, source })?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Records, durably, that `change` is about to be made. Fails with
+    /// [`StateError::GpuChanged`] when another claim's change is recorded for the GPU. When
+    /// this claim already has one (a prepare retried after a failure), the compute mode
+    /// recorded first is kept as the one to restore: the GPU may already carry edra's.
+    /// Returns the record as stored.
+    pub fn put_gpu_change(&self, change: &GpuChange) -> Result<GpuChange, StateError> {
+        let key = change.uuid.as_bytes();
+        self.with_db(|db| {
+            let result = db.gpu_changes.transaction(|gpus| {
+                let mut stored = change.clone();
+                if let Some(old) = gpus.get(key)? {
+                    let old = record::decode_gpu_change(&old).map_err(|source| {
+                        ConflictableTransactionError::Abort(StateError::GpuRecord { uuid: change.uuid.clone(), source })
+                    })?;
+                    if old.claim != change.claim {
+                        return Err(ConflictableTransactionError::Abort(StateError::GpuChanged {
+                            uuid: change.uuid.clone(),
+                            holder: old.claim,
+                        }));
+                    }
+                    stored.previous_compute_mode = old.previous_compute_mode;
+                }
+                gpus.insert(key, record::encode_gpu_change(&stored))?;
+                Ok(stored)
+            });
+            let stored = tx_result(result, "record a GPU change")?;
+            self.durable(db)?;
+            Ok(stored)
         })
     }
 
@@ -550,18 +629,28 @@ impl Store {
     }
 }
 
-/// Opens the database in `dir`, waiting up to a second for the lock on its files to be
-/// released: right after the old handles are dropped, sled's own threads (or a child that a
-/// fork copied the descriptor into, until it execs) can hold it a moment longer.
+/// How long opening waits for the lock on the database's files to clear.
+const REOPEN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether opening failed only because the database's lock is held.
+pub(crate) fn lock_busy(e: &StateError) -> bool {
+    match e {
+        StateError::Open { source: sled::Error::Io(io), .. } => {
+            io.kind() == io::ErrorKind::WouldBlock || io.to_string().contains("could not acquire lock")
+        }
+        _ => false,
+    }
+}
+
+/// Opens the database in `dir`, waiting up to [`REOPEN_LOCK_WAIT`] for the lock on its files
+/// to be released: right after the old handles are dropped, sled's own threads (or a child
+/// being spawned by another thread, until it execs) can hold it a moment longer.
 fn open_when_released(dir: &Path) -> Result<Db, StateError> {
-    let mut tries = 0;
+    let deadline = std::time::Instant::now() + REOPEN_LOCK_WAIT;
     loop {
         match Db::open(dir) {
-            Err(StateError::Open { source: sled::Error::Io(io), .. })
-                if tries < 20 && (io.kind() == io::ErrorKind::WouldBlock || io.to_string().contains("lock")) =>
-            {
-                tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(50));
+            Err(e) if lock_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
             other => return other,
         }

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::device_config::GpuConfig;
+use crate::gpu::ComputeMode;
 
 /// The schema version this edra writes.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -121,4 +122,50 @@ pub fn migrate(value: serde_json::Value, from: u32) -> Result<serde_json::Value,
         SCHEMA_VERSION => Ok(value),
         found => Err(RecordError::NoMigration { found }),
     }
+}
+
+/// The schema version of [`GpuChange`] records this edra writes.
+pub const GPU_CHANGE_SCHEMA: u32 = 1;
+
+/// What edra is about to change, or has changed, on one full GPU for a claim: written
+/// durably before the change, removed with the claim's record after the GPU was
+/// restored, so recovery after a crash at any step knows what to put back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuChange {
+    /// Record schema version.
+    pub schema: u32,
+    /// The GPU's UUID (the key).
+    pub uuid: String,
+    /// The device name in the pool.
+    pub device: String,
+    /// UID of the claim the change is for.
+    pub claim: String,
+    /// The compute mode before edra changed it; restored on release.
+    pub previous_compute_mode: ComputeMode,
+    /// The compute mode edra sets.
+    pub compute_mode: ComputeMode,
+    /// The time-slice value (`nvidia-smi compute-policy --set-timeslice`) edra sets;
+    /// release sets 0 (the driver's default) again.
+    pub timeslice: Option<u8>,
+}
+
+/// Decodes a stored GPU change record; a newer schema is refused.
+pub fn decode_gpu_change(bytes: &[u8]) -> Result<GpuChange, RecordError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(RecordError::Malformed)?;
+    let found = value.get("schema").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let found = u32::try_from(found).unwrap_or(u32::MAX);
+    if found > GPU_CHANGE_SCHEMA {
+        return Err(RecordError::Newer { found });
+    }
+    if found != GPU_CHANGE_SCHEMA {
+        return Err(RecordError::NoMigration { found });
+    }
+    serde_json::from_value(value).map_err(RecordError::Malformed)
+}
+
+/// Encodes a GPU change record.
+pub fn encode_gpu_change(change: &GpuChange) -> Vec<u8> {
+    // Strings, integers and enums: serializing cannot fail.
+    serde_json::to_vec(change).unwrap_or_default()
 }

@@ -248,3 +248,54 @@ fn os_errors_that_sled_wraps_in_debug_text_read_plainly() {
         crate::util::error_chain(&e)
     );
 }
+
+fn gpu_change(uuid: &str, claim: &str, previous: crate::gpu::ComputeMode) -> GpuChange {
+    GpuChange {
+        schema: GPU_CHANGE_SCHEMA,
+        uuid: uuid.into(),
+        device: "gpu-0".into(),
+        claim: claim.into(),
+        previous_compute_mode: previous,
+        compute_mode: crate::gpu::ComputeMode::Default,
+        timeslice: Some(2),
+    }
+}
+
+#[test]
+fn gpu_changes_are_one_claims_at_a_time_keep_the_first_mode_and_go_with_the_claim() {
+    use crate::gpu::ComputeMode;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    {
+        let s = Store::open(&dir).unwrap();
+        s.put_claim(&record("u1", vec![device("gpu-0", false)])).unwrap();
+        s.put_gpu_change(&gpu_change("GPU-a", "u1", ComputeMode::ExclusiveProcess)).unwrap();
+        // A retried prepare of the same claim reads the mode edra itself set: the first is kept.
+        let stored = s.put_gpu_change(&gpu_change("GPU-a", "u1", ComputeMode::Default)).unwrap();
+        assert_eq!(stored.previous_compute_mode, ComputeMode::ExclusiveProcess);
+        let e = s.put_gpu_change(&gpu_change("GPU-a", "u2", ComputeMode::Default)).unwrap_err();
+        assert!(matches!(&e, StateError::GpuChanged { holder, .. } if holder == "u1"), "{e}");
+        assert!(e.to_string().contains("GPU GPU-a has its compute mode or time-slice set for claim UID u1"), "{e}");
+    }
+    // Durable: a re-opened store has it.
+    let s = Store::open(&dir).unwrap();
+    assert_eq!(s.gpu_changes().unwrap(), [gpu_change("GPU-a", "u1", ComputeMode::ExclusiveProcess)]);
+    s.put_claim(&record("u2", vec![device("gpu-1", false)])).unwrap();
+    s.put_gpu_change(&gpu_change("GPU-b", "u2", ComputeMode::Default)).unwrap();
+    // Removing a claim drops its changes only.
+    s.remove_claim("u1").unwrap();
+    let left: Vec<_> = s.gpu_changes().unwrap().into_iter().map(|c| c.uuid).collect();
+    assert_eq!(left, ["GPU-b"]);
+}
+
+#[test]
+fn a_newer_gpu_change_record_is_refused_with_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(&tmp.path().join("state")).unwrap();
+    let mut v = serde_json::to_value(gpu_change("GPU-a", "u1", crate::gpu::ComputeMode::Default)).unwrap();
+    v["schema"] = 9.into();
+    s.raw_insert("gpu_changes", b"GPU-a", &serde_json::to_vec(&v).unwrap());
+    let e = s.gpu_changes().unwrap_err();
+    let msg = crate::util::error_chain(&e);
+    assert!(msg.contains("GPU-a") && msg.contains("schema version 9") && msg.contains("upgrade edra"), "{msg}");
+}

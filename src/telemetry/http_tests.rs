@@ -288,3 +288,26 @@ async fn silent_and_stalled_connections_are_closed_after_the_header_timeout() {
     }
     let _ = env.stop.send(true);
 }
+
+#[test]
+fn gpu_setting_changes_are_counted_by_setting_and_outcome() {
+    use crate::gpu::{ChangeCounts, Setting};
+    let (_registration, registration) = watch::channel(RegistrationState::Unknown);
+    let (_publish, publish) = watch::channel(PublishStatus::default());
+    let mut metrics =
+        Metrics::new(&CallMetrics::new(), StateSources { registration, publish, api_stats: Arc::new(stats) });
+    let counts = Arc::new(ChangeCounts::default());
+    metrics.register_gpu_changes(counts.clone());
+    counts.record(Setting::ComputeMode, true);
+    counts.record(Setting::ComputeMode, true);
+    counts.record(Setting::Timeslice, false);
+    let s = samples(&metrics.encode().unwrap());
+    for (series, value) in [
+        ("edra_gpu_setting_changes_total{setting=\"compute_mode\",outcome=\"ok\"}", 2.0),
+        ("edra_gpu_setting_changes_total{setting=\"compute_mode\",outcome=\"failed\"}", 0.0),
+        ("edra_gpu_setting_changes_total{setting=\"timeslice\",outcome=\"ok\"}", 0.0),
+        ("edra_gpu_setting_changes_total{setting=\"timeslice\",outcome=\"failed\"}", 1.0),
+    ] {
+        assert_eq!(s.get(series), Some(&value), "{series}");
+    }
+}

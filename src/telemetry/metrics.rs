@@ -197,6 +197,27 @@ impl Collector for StateCollector {
     }
 }
 
+/// Encodes the GPU setting changes at scrape time.
+#[derive(Debug)]
+struct GpuChangeCollector(Arc<crate::gpu::ChangeCounts>);
+
+impl Collector for GpuChangeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let c = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "edra_gpu_setting_changes",
+            "GPU settings edra changed or restored (compute mode through NVML, time-slice through nvidia-smi), by outcome",
+            None,
+            c.metric_type(),
+        )?;
+        for (setting, outcome, n) in self.0.snapshot() {
+            let labels = [("setting", setting.to_string()), ("outcome", outcome.to_string())];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
 fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: i64) -> std::fmt::Result {
     let g = ConstGauge::new(v);
     g.encode(encoder.encode_descriptor(name, help, unit, g.metric_type())?)
@@ -244,6 +265,11 @@ impl Metrics {
         );
         r.register_collector(Box::new(StateCollector(state)));
         Metrics { registry: r }
+    }
+
+    /// Adds `edra_gpu_setting_changes_total{setting, outcome}` read from `counts`.
+    pub fn register_gpu_changes(&mut self, counts: Arc<crate::gpu::ChangeCounts>) {
+        self.registry.register_collector(Box::new(GpuChangeCollector(counts)));
     }
 
     /// Every metric in the OpenMetrics text format ([`OPENMETRICS_CONTENT_TYPE`]).

@@ -12,4 +12,5 @@ mod offline;
 mod pool;
 mod preparing;
 mod publishing;
+mod sharing;
 mod single;

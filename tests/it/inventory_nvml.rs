@@ -217,3 +217,28 @@ fn a_bare_name_is_found_under_the_driver_root() {
     assert_eq!(PathBuf::from(backend.library()), libdir.join("libnvidia-ml.so.1"));
     assert_eq!(edra::inventory::DeviceBackend::discover(&backend).expect("discover").devices.len(), 1);
 }
+
+#[test]
+fn compute_modes_are_read_and_set_through_nvml() {
+    use edra::gpu::{ComputeMode, ComputeModes, GpuError};
+    let gpus = format!("{}{}", a100(0, 0, "0000:3B:00.0", false), a100(1, 1, "0000:86:00.0", false));
+    let stub = StubNvml::new(&format!("{gpus}fail;call=nvmlDeviceSetComputeMode;device=1;code=4\n"));
+    let roots = tempfile::tempdir().expect("tempdir");
+    let cfg = config(&stub.library, roots.path());
+    let backend = edra::inventory::nvml::NvmlBackend::load(&cfg).expect("load");
+    let gpu0 = "GPU-00000000-0000-0000-0000-000000000000";
+    let gpu1 = "GPU-00000000-0000-0000-0000-000000000001";
+    assert_eq!(backend.compute_mode(gpu0).expect("get"), ComputeMode::Default);
+    backend.set_compute_mode(gpu0, ComputeMode::ExclusiveProcess).expect("set");
+    assert_eq!(backend.compute_mode(gpu0).expect("get"), ComputeMode::ExclusiveProcess);
+    // The stand-in keeps modes beside it, as the GPU does across processes.
+    let modes = std::fs::read_to_string(stub.dir.path().join("nvml_stub.modes")).expect("modes file");
+    assert_eq!(modes, format!("{gpu0} 3\n"));
+    let again = edra::inventory::nvml::NvmlBackend::load(&cfg).expect("load again");
+    assert_eq!(again.compute_mode(gpu0).expect("get"), ComputeMode::ExclusiveProcess);
+    // NVML's refusal names the call and the GPU; an unknown UUID says the GPU is gone.
+    let err = backend.set_compute_mode(gpu1, ComputeMode::Default).expect_err("no permission");
+    let text = edra::util::error_chain(&err);
+    assert!(text.contains("nvmlDeviceSetComputeMode") && text.contains(gpu1) && text.contains("root"), "{text}");
+    assert!(matches!(backend.compute_mode("GPU-gone"), Err(GpuError::UnknownGpu { .. })));
+}

@@ -322,6 +322,10 @@ fn claims_request_existing_classes_with_valid_configs() {
             assert_eq!(params["kind"], "GpuConfig", "{at}");
             let strategy = params["sharing"]["strategy"].as_str().unwrap_or("");
             assert!(["Exclusive", "TimeSlicing", "MPS"].contains(&strategy), "{at}: sharing.strategy {strategy:?}");
+            // edra's own decoder accepts it, as prepare would.
+            if let Err(e) = edra::prepare::config::decode(DRIVER, 0, params) {
+                panic!("{at}: edra refuses the GpuConfig: {e}");
+            }
             configs += 1;
         }
     }

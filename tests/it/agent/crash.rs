@@ -11,7 +11,10 @@ use edra::plugin::ClaimRef;
 use edra::state::Phase;
 use edra::state::Store;
 
-use crate::support::agent::{ChildAgent, Cluster, GPUS, NodeFs, WAIT, prepare, prepare_ok, unprepare, unprepare_ok};
+use crate::support::agent::{
+    ChildAgent, Cluster, DRIVER, GPUS, NODE, NodeFs, WAIT, prepare, prepare_ok, unprepare, unprepare_ok,
+};
+use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
 
 /// Opens the state of a stopped agent and asserts it holds no claims and no devices.
 fn assert_state_empty(fs: &NodeFs) {
@@ -62,12 +65,39 @@ fn phase_of(fs: &NodeFs, uid: &str) -> Option<Phase> {
 #[cfg(debug_assertions)]
 type Left = (Option<Phase>, bool);
 
+/// A claim for gpu-0, time-sliced (so the GPU failpoints are passed) or plain.
+fn gpu0_claim(cluster: &Cluster, name: &str, time_sliced: bool) -> ClaimRef {
+    if !time_sliced {
+        return cluster.allocated_claim(name, "gpu-0");
+    }
+    let config = serde_json::json!({"apiVersion": format!("{DRIVER}/v1alpha1"), "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Medium"}}});
+    cluster.put_claim(
+        ClaimBuilder::new("default", name).allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-0")).opaque_config(
+            "FromClaim",
+            &[],
+            DRIVER,
+            config,
+        ),
+    )
+}
+
+/// After a time-sliced claim converged: the last thing done to the GPU reset its interval.
+fn assert_interval_reset(cluster: &Cluster, time_sliced: bool) {
+    let calls = cluster.fs().nvidia_smi().calls();
+    if time_sliced {
+        assert!(calls.last().is_some_and(|c| c.ends_with("--set-timeslice=0")), "{calls:?}");
+    } else {
+        assert!(calls.is_empty(), "{calls:?}");
+    }
+}
+
 #[cfg(debug_assertions)]
-async fn crash_in_prepare(point: &str, left: Left) {
+async fn crash_in_prepare(point: &str, left: Left, time_sliced: bool) {
     let cluster = Cluster::start().await;
     let fs = cluster.fs();
-    let claim = cluster.allocated_claim("victim", "gpu-0");
-    let other = cluster.allocated_claim("next", "gpu-0");
+    let claim = gpu0_claim(&cluster, "victim", time_sliced);
+    let other = gpu0_claim(&cluster, "next", time_sliced);
     let mut child = ChildAgent::start(&cluster, point).await;
     let mut v1 = child.v1().await;
     let outcome = prepare(&mut v1, std::slice::from_ref(&claim)).await;
@@ -89,15 +119,17 @@ async fn crash_in_prepare(point: &str, left: Left) {
         assert!(fs.spec_files().is_empty(), "recovery rolls back: {:?}", fs.spec_files());
         restarted.terminate().await;
         assert_eq!(phase_of(&fs, &claim.uid), None, "recovery removes the interrupted record");
+        assert_interval_reset(&cluster, time_sliced && !fs.nvidia_smi().calls().is_empty());
     }
     converge(&cluster, &claim, &other).await;
+    assert_interval_reset(&cluster, time_sliced);
 }
 
 #[cfg(debug_assertions)]
-async fn crash_in_unprepare(point: &str, left: Left) {
+async fn crash_in_unprepare(point: &str, left: Left, time_sliced: bool) {
     let cluster = Cluster::start().await;
-    let claim = cluster.allocated_claim("victim", "gpu-0");
-    let other = cluster.allocated_claim("next", "gpu-0");
+    let claim = gpu0_claim(&cluster, "victim", time_sliced);
+    let other = gpu0_claim(&cluster, "next", time_sliced);
     let mut child = ChildAgent::start(&cluster, point).await;
     let mut v1 = child.v1().await;
     prepare_ok(&mut v1, &claim).await;
@@ -116,52 +148,94 @@ async fn crash_in_unprepare(point: &str, left: Left) {
     restarted.terminate().await;
     assert_state_empty(&fs);
     converge(&cluster, &claim, &other).await;
+    assert_interval_reset(&cluster, time_sliced);
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_prepare_started() {
-    crash_in_prepare("prepare-after-started", (Some(Phase::PrepareStarted), false)).await;
+    crash_in_prepare("prepare-after-started", (Some(Phase::PrepareStarted), false), false).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_cdi_write() {
-    crash_in_prepare("prepare-after-cdi-write", (Some(Phase::PrepareStarted), true)).await;
+    crash_in_prepare("prepare-after-cdi-write", (Some(Phase::PrepareStarted), true), false).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_before_prepare_completed() {
-    crash_in_prepare("prepare-before-completed", (Some(Phase::PrepareStarted), true)).await;
+    crash_in_prepare("prepare-before-completed", (Some(Phase::PrepareStarted), true), false).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_prepare_completed() {
-    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true)).await;
+    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true), false).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_unprepare_removed_the_spec() {
-    crash_in_unprepare("unprepare-after-cdi-remove", (Some(Phase::PrepareCompleted), false)).await;
+    crash_in_unprepare("unprepare-after-cdi-remove", (Some(Phase::PrepareCompleted), false), false).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_unprepare_removed_the_record() {
-    crash_in_unprepare("unprepare-after-record-remove", (None, false)).await;
+    crash_in_unprepare("unprepare-after-record-remove", (None, false), false).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn crash_after_a_gpu_change_was_recorded() {
+    crash_in_prepare("prepare-after-gpu-recorded", (Some(Phase::PrepareStarted), false), true).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn crash_after_the_compute_mode_was_set() {
+    crash_in_prepare("prepare-after-compute-mode", (Some(Phase::PrepareStarted), false), true).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn crash_after_the_timeslice_was_set() {
+    crash_in_prepare("prepare-after-timeslice", (Some(Phase::PrepareStarted), false), true).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn crash_after_unprepare_reset_the_timeslice() {
+    crash_in_unprepare("unprepare-after-timeslice-reset", (Some(Phase::PrepareCompleted), false), true).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn crash_after_unprepare_restored_the_compute_mode() {
+    crash_in_unprepare("unprepare-after-compute-mode-restore", (Some(Phase::PrepareCompleted), false), true).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn a_time_sliced_claim_converges_after_a_crash_once_completed() {
+    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true), true).await;
 }
 
 #[test]
 fn every_failpoint_is_covered() {
     let covered = [
         "prepare-after-started",
+        "prepare-after-gpu-recorded",
+        "prepare-after-compute-mode",
+        "prepare-after-timeslice",
         "prepare-after-cdi-write",
         "prepare-before-completed",
         "prepare-after-completed",
         "unprepare-after-cdi-remove",
+        "unprepare-after-timeslice-reset",
+        "unprepare-after-compute-mode-restore",
         "unprepare-after-record-remove",
     ];
     assert_eq!(edra::prepare::failpoint::POINTS, covered);

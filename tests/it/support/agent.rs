@@ -179,7 +179,18 @@ impl NodeFs {
         let boot = root.join("proc/sys/kernel/random");
         std::fs::create_dir_all(&boot).expect("create /proc");
         std::fs::write(boot.join("boot_id"), "7d0c1b7e-54cd-4e0e-9b39-0c8f5f0a3a11\n").expect("write boot_id");
+        crate::support::nvidia_smi::FakeNvidiaSmi::install(&fs.nvidia_smi_path());
         fs
+    }
+
+    /// Where edra finds `nvidia-smi` by default: under the driver root.
+    pub fn nvidia_smi_path(&self) -> PathBuf {
+        self.root.join("driver/usr/bin/nvidia-smi")
+    }
+
+    /// The node's stand-in `nvidia-smi`.
+    pub fn nvidia_smi(&self) -> crate::support::nvidia_smi::FakeNvidiaSmi {
+        crate::support::nvidia_smi::FakeNvidiaSmi { path: self.nvidia_smi_path() }
     }
 
     pub fn cdi_dir(&self) -> PathBuf {

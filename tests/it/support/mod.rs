@@ -6,5 +6,6 @@ pub mod apiserver;
 pub mod cc;
 pub mod kubelet;
 pub mod layout;
+pub mod nvidia_smi;
 pub mod nvml;
 pub mod procfs;

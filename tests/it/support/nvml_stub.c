@@ -18,6 +18,11 @@
  * call return the NVML error "code" (for every device, or only for GPU "device"; MIG
  * handles count as their parent). Without a config file nvmlInit_v2 returns
  * NVML_ERROR_DRIVER_NOT_LOADED.
+ *
+ * Compute modes outlive the process, as a GPU's do: nvmlDeviceSetComputeMode appends
+ * "<uuid> <mode>" to "nvml_stub.modes" beside the library, and nvmlDeviceGetComputeMode
+ * answers a GPU's last line there (none: 0, DEFAULT). MIG handles are refused with
+ * NVML_ERROR_NOT_SUPPORTED.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -72,6 +77,7 @@ static struct fail fails[MAX_FAILS];
 static int ndevs, ngpus, nfails, initialized;
 static char driver_version[80] = "550.54.15";
 static int cuda_version = 12040;
+static char modes_path[4200];
 
 static int failure(const char *call, const struct dev *d) {
     for (int i = 0; i < nfails; i++) {
@@ -144,6 +150,7 @@ static int load_config(void) {
     char *slash = strrchr(path, '/');
     if (slash == NULL) return ERR_DRIVER_NOT_LOADED;
     snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "nvml_stub.conf");
+    snprintf(modes_path, sizeof modes_path, "%.*snvml_stub.modes", (int)(slash + 1 - path), path);
     FILE *fp = fopen(path, "r");
     if (fp == NULL) return ERR_DRIVER_NOT_LOADED;
     memset(devs, 0, sizeof devs);
@@ -368,5 +375,44 @@ int nvmlDeviceGetComputeInstanceId(void *h, unsigned *out) {
     DEVICE("nvmlDeviceGetComputeInstanceId");
     if (!d->is_mig) return ERR_INVALID_ARGUMENT;
     *out = d->ci;
+    return SUCCESS;
+}
+
+int nvmlDeviceGetHandleByUUID(const char *uuid, void **out) {
+    CHECK("nvmlDeviceGetHandleByUUID", NULL);
+    if (uuid == NULL || out == NULL) return ERR_INVALID_ARGUMENT;
+    for (int i = 0; i < ndevs; i++) {
+        if (strcmp(devs[i].uuid, uuid) == 0) {
+            *out = &devs[i];
+            return SUCCESS;
+        }
+    }
+    return ERR_NOT_FOUND;
+}
+
+int nvmlDeviceGetComputeMode(void *h, unsigned *out) {
+    DEVICE("nvmlDeviceGetComputeMode");
+    if (out == NULL) return ERR_INVALID_ARGUMENT;
+    if (d->is_mig) return ERR_NOT_SUPPORTED;
+    *out = 0;
+    FILE *fp = fopen(modes_path, "r");
+    if (fp == NULL) return SUCCESS;
+    char uuid[96];
+    unsigned mode;
+    while (fscanf(fp, "%95s %u", uuid, &mode) == 2) {
+        if (strcmp(uuid, d->uuid) == 0) *out = mode;
+    }
+    fclose(fp);
+    return SUCCESS;
+}
+
+int nvmlDeviceSetComputeMode(void *h, unsigned mode) {
+    DEVICE("nvmlDeviceSetComputeMode");
+    if (d->is_mig) return ERR_NOT_SUPPORTED;
+    if (mode > 3) return ERR_INVALID_ARGUMENT;
+    FILE *fp = fopen(modes_path, "a");
+    if (fp == NULL) return ERR_INVALID_ARGUMENT;
+    fprintf(fp, "%s %u\n", d->uuid, mode);
+    fclose(fp);
     return SUCCESS;
 }

@@ -1,0 +1,137 @@
+//! Actuators with side effects on a GPU, each behind a narrow trait with a stand-in for
+//! tests. Prepare decides what a claim needs; these carry it out. Nothing here knows
+//! claims or the API server, and nothing here records anything: the caller records what
+//! it is about to change (in [`crate::state`]) before it calls in here.
+//!
+//! - [`ComputeModes`]: a GPU's compute mode, through NVML (`nvml` backend) or the mock
+//!   backend's own memory.
+//! - [`timeslice::NvidiaSmi`]: the time-slice interval, through the host's `nvidia-smi`
+//!   (NVML has no call for it).
+//! - [`mps::MpsDaemons`]: per-claim MPS control daemons (start, check, stop); not used by
+//!   prepare yet.
+
+pub mod mps;
+#[cfg(test)]
+pub mod testing;
+pub mod timeslice;
+
+use serde::{Deserialize, Serialize};
+
+/// A GPU's compute mode (`nvmlComputeMode_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ComputeMode {
+    /// Many contexts per GPU, from any process (the driver's default).
+    Default,
+    /// One context, one thread (removed from current drivers; kept to restore it faithfully).
+    ExclusiveThread,
+    /// No contexts.
+    Prohibited,
+    /// One process (or the MPS server) per GPU.
+    ExclusiveProcess,
+}
+
+/// Why a GPU could not be read or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The GPU is not known to the backend.
+    #[error("GPU {uuid} is not on this node (any more)")]
+    UnknownGpu {
+        /// The GPU's UUID.
+        uuid: String,
+    },
+    /// An NVML call failed.
+    #[error("NVML {call} failed for GPU {uuid}; edra must run as root to change compute modes")]
+    Nvml {
+        /// The NVML function.
+        call: &'static str,
+        /// The GPU's UUID.
+        uuid: String,
+        /// NVML's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The binary is not there.
+    #[error("{} does not exist or is not an executable file; install the NVIDIA driver's utilities or set {key}", path.display())]
+    MissingBinary {
+        /// The path looked at.
+        path: std::path::PathBuf,
+        /// The config key that sets it.
+        key: &'static str,
+    },
+    /// The command could not be started or waited for.
+    #[error("cannot run `{command}`")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The command failed.
+    #[error("`{command}` failed with {status}: {}", if stderr.is_empty() { "(no output on stderr)" } else { stderr.as_str() })]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its exit status (`exit status 3`, `signal 9`).
+        status: String,
+        /// Its standard error, trimmed and bounded.
+        stderr: String,
+    },
+    /// The command did not finish in time and was killed.
+    #[error("`{command}` did not finish within {seconds} s and was killed; check the GPU and its driver (nvidia-smi)")]
+    Timeout {
+        /// The command line.
+        command: String,
+        /// The bound.
+        seconds: u64,
+    },
+}
+
+/// Reads and sets GPUs' compute modes. Implemented by the device backends; the mock keeps
+/// the modes in its own memory, so tests and demos see the effect without hardware.
+pub trait ComputeModes: Send + Sync {
+    /// The compute mode of the full GPU `uuid`.
+    fn compute_mode(&self, uuid: &str) -> Result<ComputeMode, GpuError>;
+    /// Sets the compute mode of the full GPU `uuid` (effective at once; not kept across reboots).
+    fn set_compute_mode(&self, uuid: &str, mode: ComputeMode) -> Result<(), GpuError>;
+}
+
+/// A GPU setting edra changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting {
+    /// The compute mode (NVML).
+    ComputeMode,
+    /// The time-slice interval (nvidia-smi).
+    Timeslice,
+}
+
+/// How many GPU setting changes edra made or tried, for the metrics.
+#[derive(Debug, Default)]
+pub struct ChangeCounts {
+    counts: [std::sync::atomic::AtomicU64; 4],
+}
+
+impl ChangeCounts {
+    fn slot(setting: Setting, ok: bool) -> usize {
+        (match setting {
+            Setting::ComputeMode => 0,
+            Setting::Timeslice => 2,
+        }) + usize::from(!ok)
+    }
+
+    /// Counts one change of `setting` that succeeded (`ok`) or failed.
+    pub fn record(&self, setting: Setting, ok: bool) {
+        self.counts[Self::slot(setting, ok)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `(setting, outcome, count)` for every combination.
+    pub fn snapshot(&self) -> [(&'static str, &'static str, u64); 4] {
+        let n = |setting, ok| self.counts[Self::slot(setting, ok)].load(std::sync::atomic::Ordering::Relaxed);
+        [
+            ("compute_mode", "ok", n(Setting::ComputeMode, true)),
+            ("compute_mode", "failed", n(Setting::ComputeMode, false)),
+            ("timeslice", "ok", n(Setting::Timeslice, true)),
+            ("timeslice", "failed", n(Setting::Timeslice, false)),
+        ]
+    }
+}

@@ -1,0 +1,119 @@
+use super::*;
+use crate::gpu::testing::FakeMpsControl;
+
+const GPU_A: &str = "GPU-00000000-aaaa-bbbb-cccc-000000000000";
+const GPU_B: &str = "GPU-00000001-aaaa-bbbb-cccc-000000000000";
+
+fn supervisor(root: &Path, fake: &FakeMpsControl) -> Supervisor {
+    Supervisor {
+        settings: MpsSettings {
+            control: fake.path.clone(),
+            control_key: "paths.nvidia_cuda_mps_control",
+            runtime_dir: root.join("run"),
+            proc_root: PathBuf::from("/proc"),
+            // Generous: the machine running the tests may be loaded.
+            ready_timeout: Duration::from_secs(20),
+            quit_grace: Duration::from_secs(10),
+        },
+    }
+}
+
+#[test]
+fn a_daemon_starts_for_its_gpus_answers_and_quits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeMpsControl::install(&tmp.path().join("bin"));
+    let sup = supervisor(tmp.path(), &fake);
+    let gpus = vec![GPU_A.to_string(), GPU_B.to_string()];
+    let daemon = sup.start("claim-1", &gpus).unwrap();
+    assert!(sup.is_running(&daemon));
+    let dirs = sup.settings.dirs("claim-1");
+    assert_eq!(dirs.pipe, tmp.path().join("run/mps/claim-1/pipe"));
+    assert_eq!(std::fs::read_to_string(dirs.pipe.join(PID_FILE)).unwrap().trim(), daemon.pid.to_string());
+    assert_eq!(fake.calls()[..2], [format!("-d CUDA_VISIBLE_DEVICES={GPU_A},{GPU_B}"), "get_server_list".into()]);
+    assert!(log_tail(&dirs).contains(&format!("control daemon started for {GPU_A},{GPU_B}")), "{}", log_tail(&dirs));
+    // Another identity with the same pid (a reused pid) is not the daemon.
+    assert!(!sup.is_running(&DaemonIdentity { pid: daemon.pid, start_time: daemon.start_time + 1 }));
+
+    sup.stop("claim-1", Some(&daemon)).unwrap();
+    assert!(!sup.is_running(&daemon));
+    assert_eq!(fake.calls().last().unwrap(), "quit");
+    assert!(!dirs.root.exists(), "the directories are removed");
+    // Idempotent.
+    sup.stop("claim-1", Some(&daemon)).unwrap();
+}
+
+#[test]
+fn a_daemon_that_ignores_quit_is_killed_after_the_grace_period() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeMpsControl::install(&tmp.path().join("bin"));
+    let mut sup = supervisor(tmp.path(), &fake);
+    sup.settings.quit_grace = Duration::from_millis(300);
+    let daemon = sup.start("hangs", &[GPU_A.to_string()]).unwrap();
+    fake.set("mps.hang", "");
+    sup.stop("hangs", Some(&daemon)).unwrap();
+    assert!(!sup.is_running(&daemon), "SIGKILL after the grace period");
+    assert_eq!(fake.calls().last().unwrap(), "quit", "quit was tried first");
+}
+
+#[test]
+fn a_daemon_that_dies_at_start_fails_with_its_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeMpsControl::install(&tmp.path().join("bin"));
+    let mut sup = supervisor(tmp.path(), &fake);
+    sup.settings.ready_timeout = Duration::from_millis(500);
+    fake.set("mps.crash", "nvidia-cuda-mps-server exited with status 1");
+    let e = sup.start("crashes", &[GPU_A.to_string()]).unwrap_err();
+    let msg = crate::util::error_chain(&e);
+    assert!(msg.contains("did not answer get_server_list within 500 ms"), "{msg}");
+    assert!(msg.contains("daemon failed: nvidia-cuda-mps-server exited with status 1"), "{msg}");
+}
+
+#[test]
+fn a_daemon_that_never_answers_is_killed_and_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeMpsControl::install(&tmp.path().join("bin"));
+    let mut sup = supervisor(tmp.path(), &fake);
+    sup.settings.ready_timeout = Duration::from_millis(500);
+    fake.set("mps.mute", "");
+    let e = sup.start("mute", &[GPU_A.to_string()]).unwrap_err();
+    assert!(e.to_string().contains("does not answer yet"), "{e}");
+    let pid: u32 =
+        std::fs::read_to_string(sup.settings.dirs("mute").pipe.join(PID_FILE)).unwrap().trim().parse().unwrap();
+    let gone = (0..500).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        !matches!(process_start(Path::new("/proc"), pid), Some((_, false)))
+    });
+    assert!(gone, "the unanswering daemon {pid} is killed");
+}
+
+#[test]
+fn bad_input_and_a_missing_binary_are_refused_before_anything_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = FakeMpsControl::install(&tmp.path().join("bin"));
+    let sup = supervisor(tmp.path(), &fake);
+    for id in ["", "../x", "Upper", "-lead", &"a".repeat(101)] {
+        assert!(matches!(sup.start(id, &[GPU_A.to_string()]), Err(MpsError::InvalidId { .. })), "{id:?}");
+    }
+    assert!(matches!(sup.start("ok", &[]), Err(MpsError::NoGpus)));
+    std::fs::remove_file(&fake.path).unwrap();
+    let msg = sup.start("ok", &[GPU_A.to_string()]).unwrap_err().to_string();
+    assert!(msg.contains(&fake.path.display().to_string()) && msg.contains("paths.nvidia_cuda_mps_control"), "{msg}");
+    assert!(fake.calls().is_empty());
+    assert!(!tmp.path().join("run/mps").exists(), "no directories made");
+}
+
+#[test]
+fn start_times_come_from_proc_stat_after_the_command_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("42");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A command name with spaces and a parenthesis must not shift the fields.
+    let fields: Vec<String> = (3..=22).map(|i| if i == 22 { "987654".into() } else { "0".into() }).collect();
+    std::fs::write(dir.join("stat"), format!("42 (a) b (c) S {}", fields[1..].join(" "))).unwrap();
+    assert_eq!(process_start(tmp.path(), 42), Some((987654, false)));
+    std::fs::write(dir.join("stat"), format!("42 (x) Z {}", fields[1..].join(" "))).unwrap();
+    assert_eq!(process_start(tmp.path(), 42), Some((987654, true)));
+    assert_eq!(process_start(tmp.path(), 43), None);
+    let own = process_start(Path::new("/proc"), std::process::id()).expect("this process");
+    assert!(!own.1);
+}

@@ -1,0 +1,201 @@
+//! A stand-in for `nvidia-smi` (tests only): a shell script that appends each call's
+//! arguments to `nvidia-smi.calls` beside it, and fails on demand.
+
+use std::path::{Path, PathBuf};
+
+/// The script. Fails (exit 4, the rest of `nvidia-smi.fail` on stderr) when
+/// `nvidia-smi.fail` exists and its first line is `*` or occurs in the arguments.
+pub const SCRIPT: &str = r#"#!/bin/sh
+dir=$(dirname "$0")
+echo "$*" >> "$dir/nvidia-smi.calls"
+if [ -f "$dir/nvidia-smi.fail" ]; then
+  match=$(head -n 1 "$dir/nvidia-smi.fail")
+  case "$match" in
+    '*') fail=1 ;;
+    *) case "$*" in *"$match"*) fail=1 ;; *) fail=0 ;; esac ;;
+  esac
+  if [ "$fail" = 1 ]; then
+    tail -n +2 "$dir/nvidia-smi.fail" >&2
+    exit 4
+  fi
+fi
+exit 0
+"#;
+
+/// A stand-in `nvidia-smi` in its own directory.
+pub struct FakeNvidiaSmi {
+    /// The script.
+    pub path: PathBuf,
+}
+
+impl FakeNvidiaSmi {
+    /// Writes the script as `<dir>/nvidia-smi` (dir is created).
+    pub fn install(dir: &Path) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir).expect("create the fake nvidia-smi's directory");
+        let path = dir.join("nvidia-smi");
+        let tmp = dir.join(".nvidia-smi.tmp");
+        std::fs::write(&tmp, SCRIPT).expect("write the fake nvidia-smi");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::rename(&tmp, &path).expect("install the fake nvidia-smi");
+        Self { path }
+    }
+
+    /// Every call so far, one line of arguments each.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir().join("nvidia-smi.calls"))
+            .map(|s| s.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    /// Makes calls whose arguments contain `matching` (`*`: all) fail with `stderr`.
+    pub fn fail(&self, matching: &str, stderr: &str) {
+        std::fs::write(self.dir().join("nvidia-smi.fail"), format!("{matching}\n{stderr}\n")).expect("write fail");
+    }
+
+    /// Makes calls succeed again.
+    pub fn heal(&self) {
+        let _ = std::fs::remove_file(self.dir().join("nvidia-smi.fail"));
+    }
+
+    fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+}
+
+/// Compute modes kept in a file (tests only), so they outlive the process as a GPU's do:
+/// every set appends `<uuid> <Mode>`; a GPU's mode is its last line (none: Default).
+/// `fail_for` makes calls for one GPU fail as NVML does without root.
+pub struct FileModes {
+    /// The file.
+    pub path: PathBuf,
+    /// A GPU whose calls fail.
+    pub fail_for: std::sync::Mutex<Option<String>>,
+}
+
+impl FileModes {
+    /// Modes in `path` (created on the first set).
+    pub fn at(path: PathBuf) -> Self {
+        Self { path, fail_for: Default::default() }
+    }
+
+    /// Every set so far, in order.
+    pub fn sets(&self) -> Vec<(String, super::ComputeMode)> {
+        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(u, m)| (u.to_string(), serde_json::from_str(&format!("\"{m}\"")).expect("a mode")))
+            .collect()
+    }
+
+    /// The mode of `uuid` now.
+    pub fn mode(&self, uuid: &str) -> super::ComputeMode {
+        self.sets().into_iter().rev().find(|(u, _)| u == uuid).map_or(super::ComputeMode::Default, |(_, m)| m)
+    }
+
+    fn check(&self, uuid: &str, call: &'static str) -> Result<(), super::GpuError> {
+        if self.fail_for.lock().unwrap().as_deref() == Some(uuid) {
+            return Err(super::GpuError::Nvml {
+                call,
+                uuid: uuid.to_string(),
+                source: "Insufficient Permissions".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl super::ComputeModes for FileModes {
+    fn compute_mode(&self, uuid: &str) -> Result<super::ComputeMode, super::GpuError> {
+        self.check(uuid, "nvmlDeviceGetComputeMode")?;
+        Ok(self.mode(uuid))
+    }
+
+    fn set_compute_mode(&self, uuid: &str, mode: super::ComputeMode) -> Result<(), super::GpuError> {
+        use std::io::Write;
+        self.check(uuid, "nvmlDeviceSetComputeMode")?;
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&self.path).expect("open modes");
+        writeln!(f, "{uuid} {mode:?}").expect("write modes");
+        Ok(())
+    }
+}
+
+/// A stand-in for `nvidia-cuda-mps-control` (tests only). `-d` records its call and
+/// `CUDA_VISIBLE_DEVICES` in `mps.calls` beside the script and starts a daemon process that
+/// writes its pid file into `CUDA_MPS_PIPE_DIRECTORY`, logs into `CUDA_MPS_LOG_DIRECTORY`
+/// and runs until told to quit. Without `-d` it is the control client: it records the
+/// command read from stdin, fails like the real one when no daemon runs, and passes `quit`
+/// on. Files beside the script steer it: `mps.crash` (the daemon exits at once, logging
+/// why), `mps.hang` (it ignores `quit`), `mps.mute` (it never answers).
+pub const MPS_SCRIPT: &str = r#"#!/bin/sh
+dir=$(dirname "$0")
+pidfile="$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+case "$1" in
+-d)
+  echo "-d CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >> "$dir/mps.calls"
+  "$0" __daemon </dev/null >/dev/null 2>&1 &
+  exit 0 ;;
+__daemon)
+  log="$CUDA_MPS_LOG_DIRECTORY/control.log"
+  if [ -f "$dir/mps.crash" ]; then
+    echo "[stand-in] daemon failed: $(cat "$dir/mps.crash")" >> "$log"
+    exit 3
+  fi
+  echo $$ > "$pidfile"
+  echo "[stand-in] control daemon started for $CUDA_VISIBLE_DEVICES" >> "$log"
+  while :; do
+    if [ -f "$CUDA_MPS_PIPE_DIRECTORY/quit" ] && [ ! -f "$dir/mps.hang" ]; then
+      rm -f "$pidfile" "$CUDA_MPS_PIPE_DIRECTORY/quit"
+      echo "[stand-in] quit" >> "$log"
+      exit 0
+    fi
+    sleep 0.02
+  done ;;
+*)
+  read -r cmd
+  echo "$cmd" >> "$dir/mps.calls"
+  pid=$(cat "$pidfile" 2>/dev/null)
+  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null || [ -f "$dir/mps.mute" ]; then
+    echo "Cannot find MPS control daemon process" >&2
+    exit 1
+  fi
+  case "$cmd" in quit) touch "$CUDA_MPS_PIPE_DIRECTORY/quit" ;; esac
+  exit 0 ;;
+esac
+"#;
+
+/// The stand-in `nvidia-cuda-mps-control` in its own directory.
+pub struct FakeMpsControl {
+    /// The script.
+    pub path: PathBuf,
+}
+
+impl FakeMpsControl {
+    /// Writes the script as `<dir>/nvidia-cuda-mps-control` (dir is created).
+    pub fn install(dir: &Path) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir).expect("create the fake MPS control's directory");
+        let path = dir.join("nvidia-cuda-mps-control");
+        let tmp = dir.join(".nvidia-cuda-mps-control.tmp");
+        std::fs::write(&tmp, MPS_SCRIPT).expect("write the fake MPS control");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::rename(&tmp, &path).expect("install the fake MPS control");
+        Self { path }
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir().join("mps.calls"))
+            .map(|s| s.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    /// Creates steering file `name` (`mps.crash`, `mps.hang`, `mps.mute`) holding `text`.
+    pub fn set(&self, name: &str, text: &str) {
+        std::fs::write(self.dir().join(name), text).expect("write a steering file");
+    }
+
+    fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+}
