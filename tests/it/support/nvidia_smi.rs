@@ -6,22 +6,7 @@ use std::path::{Path, PathBuf};
 
 /// Fails (exit 4, the rest of `nvidia-smi.fail` on stderr) when `nvidia-smi.fail` exists
 /// and its first line is `*` or occurs in the arguments.
-const SCRIPT: &str = r#"#!/bin/sh
-dir=$(dirname "$0")
-echo "$*" >> "$dir/nvidia-smi.calls"
-if [ -f "$dir/nvidia-smi.fail" ]; then
-  match=$(head -n 1 "$dir/nvidia-smi.fail")
-  case "$match" in
-    '*') fail=1 ;;
-    *) case "$*" in *"$match"*) fail=1 ;; *) fail=0 ;; esac ;;
-  esac
-  if [ "$fail" = 1 ]; then
-    tail -n +2 "$dir/nvidia-smi.fail" >&2
-    exit 4
-  fi
-fi
-exit 0
-"#;
+const SCRIPT: &str = include_str!("nvidia-smi.sh");
 
 /// The stand-in at a path.
 pub struct FakeNvidiaSmi {
