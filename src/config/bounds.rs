@@ -21,6 +21,15 @@ pub const REDISCOVERY_INTERVAL: DurationRange =
     DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(86_400) };
 /// `plugin.shutdown_grace`: zero (abort calls at once) up to ten minutes.
 pub const SHUTDOWN_GRACE: DurationRange = DurationRange { min: Duration::ZERO, max: Duration::from_secs(600) };
+/// `mps.ready_timeout`: a daemon needs a moment; the kubelet's call lasts 45 s at most,
+/// and a prepare waits for its daemon within it.
+pub const MPS_READY_TIMEOUT: DurationRange =
+    DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(40) };
+/// `mps.quit_grace`: zero (kill at once) up to a minute.
+pub const MPS_QUIT_GRACE: DurationRange = DurationRange { min: Duration::ZERO, max: Duration::from_secs(60) };
+/// `mps.check_interval`: from every second to once an hour.
+pub const MPS_CHECK_INTERVAL: DurationRange =
+    DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(3600) };
 
 /// `kubernetes.qps`: one request every ten seconds up to 10,000 per second.
 pub const QPS: (f64, f64) = (0.1, 10_000.0);

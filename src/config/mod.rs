@@ -103,6 +103,12 @@ pub struct Paths {
     /// The `nvidia-smi` edra runs to set time-slice intervals. Default:
     /// `<driver_root>/usr/bin/nvidia-smi`.
     pub nvidia_smi: Option<PathBuf>,
+    /// The `nvidia-cuda-mps-control` edra runs for MPS claims. Default:
+    /// `<driver_root>/usr/bin/nvidia-cuda-mps-control`.
+    pub mps_control: Option<PathBuf>,
+    /// edra's runtime directory (MPS daemons' pipe, log and shm directories); on the
+    /// host's tmpfs, since what is there does not outlive a reboot.
+    pub runtime_dir: PathBuf,
     /// The device filesystem.
     pub dev_root: PathBuf,
     /// procfs.
@@ -128,6 +134,8 @@ impl Paths {
             driver_root: dir.join("driver"),
             host_driver_root: None,
             nvidia_smi: None,
+            mps_control: None,
+            runtime_dir: dir.join("run"),
             dev_root: dir.join("dev"),
             proc_root: dir.join("proc"),
             sys_root: dir.join("sys"),
@@ -221,6 +229,19 @@ pub struct Config {
     pub metrics: MetricsSettings,
     /// The mock backend's devices.
     pub mock: MockSettings,
+    /// How MPS control daemons are started, checked and stopped.
+    pub mps: MpsTimings,
+}
+
+/// `[mps]`: how MPS control daemons are started, checked and stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MpsTimings {
+    /// How long a new daemon may take to answer `get_server_list` before the prepare fails.
+    pub ready_timeout: Duration,
+    /// How long a daemon may take to `quit` before it is killed.
+    pub quit_grace: Duration,
+    /// How often edra checks that prepared claims' daemons run (and restarts dead ones).
+    pub check_interval: Duration,
 }
 
 /// Command-line values that override configuration keys.
@@ -379,6 +400,19 @@ impl Config {
             address: r.get("metrics.address", DEFAULT_METRICS_ADDRESS.parse().ok(), metrics_address),
         };
         let mock = mock::read_mock(r);
+        let mps = MpsTimings {
+            ready_timeout: r.get(
+                "mps.ready_timeout",
+                Duration::from_secs(10),
+                bounds::duration_in(bounds::MPS_READY_TIMEOUT),
+            ),
+            quit_grace: r.get("mps.quit_grace", Duration::from_secs(5), bounds::duration_in(bounds::MPS_QUIT_GRACE)),
+            check_interval: r.get(
+                "mps.check_interval",
+                Duration::from_secs(5),
+                bounds::duration_in(bounds::MPS_CHECK_INTERVAL),
+            ),
+        };
         Config {
             file,
             node_name,
@@ -394,6 +428,7 @@ impl Config {
             shutdown_grace,
             metrics,
             mock,
+            mps,
         }
     }
 }
@@ -473,6 +508,8 @@ fn read_paths(r: &mut Reader) -> Paths {
         driver_root: r.get("paths.driver_root", "/".into(), abs_path),
         host_driver_root: r.opt("paths.host_driver_root", abs_path),
         nvidia_smi: r.opt("paths.nvidia_smi", abs_path),
+        mps_control: r.opt("paths.mps_control", abs_path),
+        runtime_dir: r.get("paths.runtime_dir", "/run/edra".into(), abs_path),
         dev_root: r.get("paths.dev_root", "/dev".into(), abs_path),
         proc_root: r.get("paths.proc_root", "/proc".into(), abs_path),
         sys_root: r.get("paths.sys_root", "/sys".into(), abs_path),

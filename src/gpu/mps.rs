@@ -1,16 +1,24 @@
 //! The MPS control daemon of one claim, run by edra itself: `nvidia-cuda-mps-control -d`
-//! with the claim's GPUs only (`CUDA_VISIBLE_DEVICES` by UUID) and its own pipe and log
-//! directories under edra's runtime directory (`<runtime>/mps/<id>/{pipe,log}`).
+//! with the claim's GPUs only (`CUDA_VISIBLE_DEVICES` by UUID) and its own pipe, log and
+//! shm directories under edra's runtime directory (`<runtime>/mps/<id>/{pipe,log,shm}`).
+//! The daemon runs in a mount namespace of its own in which the claim's shm directory is
+//! `/dev/shm` (the MPS server it spawns inherits it); the claim's containers get the same
+//! directory as their `/dev/shm`, so no container ever sees the host's. A private mount
+//! namespace needs root (CAP_SYS_ADMIN).
 //!
 //! A daemon is known by its pid *and* its start time (`/proc/<pid>/stat`, field 22), so a
 //! pid the kernel gave to another process later is never taken for the daemon: that pair
 //! is what the caller records to adopt the daemon after a restart of edra. The daemon
 //! forks away from the command edra starts (`-d`), and writes its pid into
 //! `nvidia-cuda-mps-control.pid` in the pipe directory; it is ready once it answers
-//! `get_server_list` on its pipe (bounded wait). Stopping sends `quit` through the pipe,
-//! waits a grace period, then SIGKILLs the daemon, and removes the directories.
+//! `get_server_list` on its pipe (bounded wait); then the claim's limits are set through
+//! the pipe (`set_default_active_thread_percentage`, `set_default_device_pinned_mem_limit`).
+//! Stopping sends `quit` through the pipe, waits a grace period, then SIGKILLs the daemon,
+//! and removes the directories.
 //!
-//! Not wired into prepare yet: nothing here records anything or knows claims.
+//! Nothing here records anything or knows claims: prepare records a daemon before it
+//! starts it (see `state::MpsDaemonRecord`), and finds it again with [`MpsDaemons::find`]
+//! when a crash came between the start and the record of its pid.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -58,6 +66,35 @@ pub struct DaemonDirs {
     pub pipe: PathBuf,
     /// The log directory (`CUDA_MPS_LOG_DIRECTORY`).
     pub log: PathBuf,
+    /// The directory that is `/dev/shm` for the daemon and the claim's containers.
+    pub shm: PathBuf,
+}
+
+/// What to start: the daemon's ID (a directory name), its GPUs and the claim's limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonSpec {
+    /// The daemon's ID: lowercase letters, digits and '-' (the claim's UID).
+    pub id: String,
+    /// The UUIDs of the GPUs (or MIG devices) it serves.
+    pub gpus: Vec<String>,
+    /// `set_default_active_thread_percentage` (1–100).
+    pub active_thread_percentage: Option<u32>,
+    /// `set_default_device_pinned_mem_limit <uuid> <MiB>M`, per GPU.
+    pub pinned_memory_mib: Vec<(String, u64)>,
+}
+
+impl DaemonSpec {
+    /// The control commands that set the limits, in order.
+    pub fn limit_commands(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(p) = self.active_thread_percentage {
+            out.push(format!("set_default_active_thread_percentage {p}"));
+        }
+        for (uuid, mib) in &self.pinned_memory_mib {
+            out.push(format!("set_default_device_pinned_mem_limit {uuid} {mib}M"));
+        }
+        out
+    }
 }
 
 /// Which process a daemon is: what the caller records to adopt it later.
@@ -127,6 +164,24 @@ pub enum MpsError {
         /// The end of the daemon's log.
         log: String,
     },
+    /// The daemon's private mount namespace could not be made.
+    #[error(
+        "cannot give the MPS control daemon its own /dev/shm ({source}); edra must run as root \
+         (CAP_SYS_ADMIN) to run MPS daemons"
+    )]
+    Namespace {
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A limit could not be set.
+    #[error("the MPS control daemon refused `{command}`; the daemon's log ends with: {log}")]
+    Limit {
+        /// The control command.
+        command: String,
+        /// The end of the daemon's log.
+        log: String,
+    },
     /// The daemon survived SIGKILL.
     #[error("the MPS control daemon (pid {pid}) is still running after SIGKILL")]
     Unkillable {
@@ -137,12 +192,16 @@ pub enum MpsError {
 
 /// Starts, checks and stops MPS control daemons.
 pub trait MpsDaemons: Send + Sync {
-    /// Starts the daemon `id` for `gpus` (UUIDs) and waits until it answers. On failure a
-    /// daemon that runs but does not answer is killed; the directories (with the log) stay
-    /// until [`MpsDaemons::stop`].
-    fn start(&self, id: &str, gpus: &[String]) -> Result<DaemonIdentity, MpsError>;
+    /// Starts the daemon `spec.id` for its GPUs, waits until it answers and sets its limits.
+    /// On failure a daemon that runs is killed; the directories (with the log) stay until
+    /// [`MpsDaemons::stop`].
+    fn start(&self, spec: &DaemonSpec) -> Result<DaemonIdentity, MpsError>;
     /// Whether `daemon` is still that process, alive.
     fn is_running(&self, daemon: &DaemonIdentity) -> bool;
+    /// The running daemon `id` as its pid file names it, if that process is alive, started
+    /// at or after `not_before` (clock ticks after boot) and is the MPS control binary: for
+    /// a daemon whose start was recorded but whose pid was not.
+    fn find(&self, id: &str, not_before: u64) -> Option<DaemonIdentity>;
     /// Stops daemon `id` (`quit`, then SIGKILL after the grace period) and removes its
     /// directories. Idempotent.
     fn stop(&self, id: &str, daemon: Option<&DaemonIdentity>) -> Result<(), MpsError>;
@@ -166,7 +225,7 @@ impl MpsSettings {
     /// The directories of daemon `id`.
     pub fn dirs(&self, id: &str) -> DaemonDirs {
         let root = self.runtime_dir.join("mps").join(id);
-        DaemonDirs { pipe: root.join("pipe"), log: root.join("log"), root }
+        DaemonDirs { pipe: root.join("pipe"), log: root.join("log"), shm: root.join("shm"), root }
     }
 }
 
@@ -179,6 +238,26 @@ pub fn process_start(proc_root: &Path, pid: u32) -> Option<(u64, bool)> {
     let zombie = fields.first()? == &"Z";
     let start = fields.get(19)?.parse().ok()?;
     Some((start, zombie))
+}
+
+/// Clock ticks after boot now (`/proc/uptime`), one tick early: every process started
+/// from now on has a start time at least this.
+pub fn clock_ticks_now(proc_root: &Path) -> u64 {
+    // SAFETY: sysconf with a valid name has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    let uptime = std::fs::read_to_string(proc_root.join("uptime")).unwrap_or_default();
+    let (secs, frac) = uptime.split_whitespace().next().unwrap_or("0").split_once('.').unwrap_or(("0", "0"));
+    let secs: u64 = secs.parse().unwrap_or(0);
+    let centis: u64 = format!("{frac:0<2}")[..2].parse().unwrap_or(0);
+    secs.saturating_mul(hz).saturating_add(centis.saturating_mul(hz) / 100).saturating_sub(1)
+}
+
+/// Creates `dir` (and its parents) with `mode`, whatever the umask.
+fn make_dir(dir: &Path, mode: u32) -> Result<(), MpsError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let failed = |source| MpsError::Dir { op: "create", path: dir.to_path_buf(), source };
+    std::fs::DirBuilder::new().recursive(true).mode(mode).create(dir).map_err(failed)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(failed)
 }
 
 /// The last lines of the daemon's control log, on one line; `(empty)` without one.
@@ -243,6 +322,38 @@ impl Supervisor {
         }
     }
 
+    /// `-d` in a mount namespace of its own, where `dirs.shm` is `/dev/shm`.
+    fn daemon_command(&self, dirs: &DaemonDirs) -> Result<Command, MpsError> {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::process::CommandExt;
+        let shm = std::ffi::CString::new(dirs.shm.as_os_str().as_bytes()).map_err(|e| MpsError::Dir {
+            op: "use",
+            path: dirs.shm.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        let mut cmd = self.command(dirs);
+        cmd.arg("-d");
+        // SAFETY: between fork and exec the closure only makes system calls (unshare,
+        // mount) on memory prepared before the fork; it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+                let null = std::ptr::null();
+                check(libc::unshare(libc::CLONE_NEWNS))?;
+                // Nothing mounted here propagates back to the host.
+                check(libc::mount(
+                    c"none".as_ptr(),
+                    c"/".as_ptr(),
+                    null,
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    null.cast(),
+                ))?;
+                check(libc::mount(shm.as_ptr(), c"/dev/shm".as_ptr(), null, libc::MS_BIND, null.cast()))
+            });
+        }
+        Ok(cmd)
+    }
+
     fn read_pid(dirs: &DaemonDirs) -> Option<u32> {
         std::fs::read_to_string(dirs.pipe.join(PID_FILE)).ok()?.trim().parse().ok()
     }
@@ -264,6 +375,25 @@ impl Supervisor {
         }
     }
 
+    /// Sends the spec's limit commands; a refused one kills the daemon.
+    fn set_limits(
+        &self,
+        spec: &DaemonSpec,
+        dirs: &DaemonDirs,
+        daemon: &DaemonIdentity,
+        started: Instant,
+    ) -> Result<(), MpsError> {
+        for command in spec.limit_commands() {
+            let left = self.settings.ready_timeout.saturating_sub(started.elapsed());
+            if !self.send(dirs, &command, left.max(Duration::from_secs(1)))? {
+                let log = log_tail(dirs);
+                self.kill(daemon);
+                return Err(MpsError::Limit { command, log });
+            }
+        }
+        Ok(())
+    }
+
     fn wait_gone(&self, daemon: &DaemonIdentity, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         while self.is_running(daemon) {
@@ -277,7 +407,8 @@ impl Supervisor {
 }
 
 impl MpsDaemons for Supervisor {
-    fn start(&self, id: &str, gpus: &[String]) -> Result<DaemonIdentity, MpsError> {
+    fn start(&self, spec: &DaemonSpec) -> Result<DaemonIdentity, MpsError> {
+        let (id, gpus) = (spec.id.as_str(), &spec.gpus);
         if !valid_id(id) {
             return Err(MpsError::InvalidId { id: id.to_string() });
         }
@@ -287,21 +418,26 @@ impl MpsDaemons for Supervisor {
         self.check_binary()?;
         let s = &self.settings;
         let dirs = s.dirs(id);
-        for dir in [&dirs.pipe, &dirs.log] {
-            std::fs::create_dir_all(dir).map_err(|source| MpsError::Dir { op: "create", path: dir.clone(), source })?;
-        }
+        // The pipe is for every container of the claim (any user); the log for edra; the
+        // shm directory is a /dev/shm (sticky, for every user).
+        make_dir(&dirs.root, 0o755)?;
+        make_dir(&dirs.pipe, 0o755)?;
+        make_dir(&dirs.log, 0o700)?;
+        make_dir(&dirs.shm, 0o1777)?;
         // A pid file left by a daemon that is gone would be taken for the new one.
         let _ = std::fs::remove_file(dirs.pipe.join(PID_FILE));
         let started = Instant::now();
         let mut child = self
-            .command(&dirs)
-            .arg("-d")
+            .daemon_command(&dirs)?
             .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|source| MpsError::Spawn { path: s.control.clone(), source })?;
+            .map_err(|source| match source.raw_os_error() {
+                Some(libc::EPERM) => MpsError::Namespace { source },
+                _ => MpsError::Spawn { path: s.control.clone(), source },
+            })?;
         // `-d` forks the daemon and returns at once.
         let status = loop {
             match child.try_wait() {
@@ -330,6 +466,7 @@ impl MpsDaemons for Supervisor {
                     None => what = format!("pid {pid} is not running"),
                     Some(daemon) => {
                         if self.send(&dirs, "get_server_list", left.max(POLL))? {
+                            self.set_limits(spec, &dirs, &daemon, started)?;
                             tracing::info!(mps.id = id, pid, gpus = %gpus.join(","), "MPS control daemon ready");
                             return Ok(daemon);
                         }
@@ -350,6 +487,17 @@ impl MpsDaemons for Supervisor {
 
     fn is_running(&self, daemon: &DaemonIdentity) -> bool {
         matches!(process_start(&self.settings.proc_root, daemon.pid), Some((start, false)) if start == daemon.start_time)
+    }
+
+    fn find(&self, id: &str, not_before: u64) -> Option<DaemonIdentity> {
+        if !valid_id(id) {
+            return None;
+        }
+        let pid = Self::read_pid(&self.settings.dirs(id))?;
+        let daemon = self.identity(pid).filter(|d| d.start_time >= not_before)?;
+        let cmdline = std::fs::read(self.settings.proc_root.join(pid.to_string()).join("cmdline")).ok()?;
+        let name = self.settings.control.file_name()?.as_encoded_bytes();
+        cmdline.windows(name.len()).any(|w| w == name).then_some(daemon)
     }
 
     fn stop(&self, id: &str, daemon: Option<&DaemonIdentity>) -> Result<(), MpsError> {

@@ -1,8 +1,9 @@
 //! Node-local allocation state: a sled database behind a narrow, durable store API.
 //!
-//! Four trees: `claims` (claim UID → [`ClaimRecord`]), `devices` (device name → UID of the
+//! Five trees: `claims` (claim UID → [`ClaimRecord`]), `devices` (device name → UID of the
 //! claim holding it exclusively), `gpu_changes` (GPU UUID → [`GpuChange`], what edra is
-//! changing on that GPU for a claim, written before the change) and `meta` (store schema
+//! changing on that GPU for a claim, written before the change), `mps_daemons` (claim UID →
+//! [`MpsDaemonRecord`], the claim's MPS control daemon, written before it starts) and `meta` (store schema
 //! version, boot ID, the store's identity). Every change is one sled transaction across the trees, made durable before
 //! the call returns: sled 0.34's `flush()` only issues `sync_file_range` on Linux (its
 //! issue #1452), which persists neither metadata nor the disk cache, so each commit is
@@ -32,7 +33,10 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use tokio::sync::watch;
 
-pub use record::{ClaimRecord, DeviceRecord, GPU_CHANGE_SCHEMA, GpuChange, Phase, RecordError, SCHEMA_VERSION};
+pub use record::{
+    ClaimRecord, DeviceRecord, GPU_CHANGE_SCHEMA, GpuChange, MPS_DAEMON_SCHEMA, MpsDaemonRecord, Phase, RecordError,
+    SCHEMA_VERSION,
+};
 
 const META_SCHEMA: &[u8] = b"schema";
 /// Upper bound of sled's in-memory page cache. sled's default is 1 GiB; edra's state is a
@@ -111,6 +115,17 @@ pub enum StateError {
         #[source]
         source: RecordError,
     },
+    /// A stored MPS daemon record cannot be used.
+    #[error(
+        "the stored MPS daemon record of claim UID {uid} cannot be read; upgrade edra or move the state directory aside"
+    )]
+    MpsRecord {
+        /// The claim's UID.
+        uid: String,
+        /// The cause.
+        #[source]
+        source: RecordError,
+    },
     /// Another claim is changing the GPU's settings.
     #[error(
         "GPU {uuid} has its compute mode or time-slice set for claim UID {holder}; unprepare that claim first (delete its pod)"
@@ -177,6 +192,7 @@ struct Db {
     claims: sled::Tree,
     devices: sled::Tree,
     gpu_changes: sled::Tree,
+    mps_daemons: sled::Tree,
     meta: sled::Tree,
     /// sled's log file (`db`), kept open for fsync.
     log: File,
@@ -257,6 +273,7 @@ impl Db {
         let log = File::open(dir.join("db")).map_err(|source| StateError::Sync { dir: dir.to_path_buf(), source })?;
         let (claims, devices, meta) = (tree("claims")?, tree("devices")?, tree("meta")?);
         let gpu_changes = tree("gpu_changes")?;
+        let mps_daemons = tree("mps_daemons")?;
         match meta.get(META_SCHEMA).map_err(open_err)? {
             Some(v) => {
                 let found = std::str::from_utf8(&v).ok().and_then(|s| s.parse::<u32>().ok()).unwrap_or(u32::MAX);
@@ -276,7 +293,7 @@ impl Db {
                 id
             }
         };
-        Ok(Db { db, claims, devices, gpu_changes, meta, log, id })
+        Ok(Db { db, claims, devices, gpu_changes, mps_daemons, meta, log, id })
     }
 
     /// Flushes sled, then fsyncs its log file: the only way a change survives a power cut.
@@ -410,7 +427,7 @@ impl Store {
         self.inner.syncs_left.store(ok.unwrap_or(u64::MAX), std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Writes raw bytes into tree `claims`, `gpu_changes` or `meta`, durably (tests only: records and
+    /// Writes raw bytes into tree `claims`, `gpu_changes`, `mps_daemons` or `meta`, durably (tests only: records and
     /// versions no edra writes).
     #[cfg(test)]
     pub(crate) fn raw_insert(&self, tree: &str, key: &[u8], value: &[u8]) {
@@ -418,6 +435,7 @@ impl Store {
             let t = match tree {
                 "meta" => &db.meta,
                 "gpu_changes" => &db.gpu_changes,
+                "mps_daemons" => &db.mps_daemons,
                 _ => &db.claims,
             };
             t.insert(key, value).map_err(db_err("insert (test)"))?;
@@ -527,13 +545,15 @@ impl Store {
         })
     }
 
-    /// Deletes claim `uid`, releases its devices and drops its GPU change records (the
-    /// caller restored those GPUs first), durably; returns the removed record.
+    /// Deletes claim `uid`, releases its devices and drops its GPU change records and its
+    /// MPS daemon record (the caller restored those GPUs and stopped the daemon first),
+    /// durably; returns the removed record.
     pub fn remove_claim(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
         let key = uid.as_bytes();
         let changes: Vec<String> = self.gpu_changes()?.into_iter().filter(|c| c.claim == uid).map(|c| c.uuid).collect();
         self.with_db(|db| {
-            let result = (&db.claims, &db.devices, &db.gpu_changes).transaction(|(claims, devices, gpus)| {
+            let trees = (&db.claims, &db.devices, &db.gpu_changes, &db.mps_daemons);
+            let result = trees.transaction(|(claims, devices, gpus, mps)| {
                 for gpu in &changes {
                     if let Some(v) = gpus.get(gpu.as_bytes())?
                         && record::decode_gpu_change(&v).is_ok_and(|c| c.claim == uid)
@@ -541,7 +561,8 @@ impl Store {
                         gpus.remove(gpu.as_bytes())?;
                     }
                 }
-                let Some(old) = claims.remove(key)? else { return Ok(None) };
+                let daemon = mps.remove(key)?.is_some();
+                let Some(old) = claims.remove(key)? else { return Ok((None, daemon)) };
                 let old = record::decode_claim(&old).map_err(|source| {
                     ConflictableTransactionError::Abort(StateError::Record { uid: uid.to_string(), source })
                 })?;
@@ -550,13 +571,47 @@ impl Store {
                         devices.remove(d.as_bytes())?;
                     }
                 }
-                Ok(Some(old))
+                Ok((Some(old), daemon))
             });
-            let removed = tx_result(result, "remove a claim")?;
-            if removed.is_some() || !changes.is_empty() {
+            let (removed, daemon) = tx_result(result, "remove a claim")?;
+            if removed.is_some() || daemon || !changes.is_empty() {
                 self.durable(db)?;
             }
             Ok(removed)
+        })
+    }
+
+    /// The MPS daemon record of claim `uid`, if any.
+    pub fn mps_daemon(&self, uid: &str) -> Result<Option<MpsDaemonRecord>, StateError> {
+        self.with_db(|db| {
+            let v = db.mps_daemons.get(uid.as_bytes()).map_err(db_err("read an MPS daemon record"))?;
+            let decoded = v.map(|b| {
+                record::decode_mps_daemon(&b).map_err(|source| StateError::MpsRecord { uid: uid.to_string(), source })
+            });
+            Ok(decoded.transpose()?)
+        })
+    }
+
+    /// Every MPS daemon record, in claim UID order.
+    pub fn mps_daemons(&self) -> Result<Vec<MpsDaemonRecord>, StateError> {
+        self.with_db(|db| {
+            let mut out = Vec::new();
+            for item in db.mps_daemons.iter() {
+                let (k, v) = item.map_err(db_err("list MPS daemons"))?;
+                let uid = String::from_utf8_lossy(&k).into_owned();
+                out.push(record::decode_mps_daemon(&v).map_err(|source| StateError::MpsRecord { uid, source })?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Stores `record` (the claim's MPS daemon, before it starts and once it runs), durably.
+    pub fn put_mps_daemon(&self, record: &MpsDaemonRecord) -> Result<(), StateError> {
+        self.with_db(|db| {
+            db.mps_daemons
+                .insert(record.claim.as_bytes(), record::encode_mps_daemon(record))
+                .map_err(db_err("record an MPS daemon"))?;
+            self.durable(db)
         })
     }
 

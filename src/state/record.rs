@@ -150,22 +150,67 @@ pub struct GpuChange {
     pub timeslice: Option<u8>,
 }
 
-/// Decodes a stored GPU change record; a newer schema is refused.
-pub fn decode_gpu_change(bytes: &[u8]) -> Result<GpuChange, RecordError> {
+/// Decodes a stored record of schema `current`; a newer schema is refused.
+fn decode_versioned<T: serde::de::DeserializeOwned>(bytes: &[u8], current: u32) -> Result<T, RecordError> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(RecordError::Malformed)?;
     let found = value.get("schema").and_then(serde_json::Value::as_u64).unwrap_or(0);
     let found = u32::try_from(found).unwrap_or(u32::MAX);
-    if found > GPU_CHANGE_SCHEMA {
+    if found > current {
         return Err(RecordError::Newer { found });
     }
-    if found != GPU_CHANGE_SCHEMA {
+    if found != current {
         return Err(RecordError::NoMigration { found });
     }
     serde_json::from_value(value).map_err(RecordError::Malformed)
+}
+
+/// Decodes a stored GPU change record; a newer schema is refused.
+pub fn decode_gpu_change(bytes: &[u8]) -> Result<GpuChange, RecordError> {
+    decode_versioned(bytes, GPU_CHANGE_SCHEMA)
 }
 
 /// Encodes a GPU change record.
 pub fn encode_gpu_change(change: &GpuChange) -> Vec<u8> {
     // Strings, integers and enums: serializing cannot fail.
     serde_json::to_vec(change).unwrap_or_default()
+}
+
+/// The schema version of [`MpsDaemonRecord`]s this edra writes.
+pub const MPS_DAEMON_SCHEMA: u32 = 1;
+
+/// The MPS control daemon of one claim: written durably before the daemon is started
+/// (without `daemon`), again once it answers (with `daemon`), removed with the claim's
+/// record after the daemon was stopped. Recovery and the supervision loop adopt, restart
+/// or stop daemons from these records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MpsDaemonRecord {
+    /// Record schema version.
+    pub schema: u32,
+    /// UID of the claim (the key, and the daemon's directory name).
+    pub claim: String,
+    /// The UUIDs the daemon serves (`CUDA_VISIBLE_DEVICES`).
+    pub gpus: Vec<String>,
+    /// `set_default_active_thread_percentage`, when the config sets it.
+    pub active_thread_percentage: Option<u32>,
+    /// `set_default_device_pinned_mem_limit <uuid> <MiB>M`, per GPU.
+    pub pinned_memory_mib: Vec<(String, u64)>,
+    /// Clock ticks after boot just before the last start: a process found through the
+    /// daemon's pid file that started earlier is not the daemon.
+    pub not_before: u64,
+    /// The running daemon (pid and start time), once it answered.
+    pub daemon: Option<(u32, u64)>,
+    /// How often the daemon was started again after it died.
+    pub restarts: u32,
+}
+
+/// Decodes a stored MPS daemon record; a newer schema is refused.
+pub fn decode_mps_daemon(bytes: &[u8]) -> Result<MpsDaemonRecord, RecordError> {
+    decode_versioned(bytes, MPS_DAEMON_SCHEMA)
+}
+
+/// Encodes an MPS daemon record.
+pub fn encode_mps_daemon(record: &MpsDaemonRecord) -> Vec<u8> {
+    // Strings, integers and options: serializing cannot fail.
+    serde_json::to_vec(record).unwrap_or_default()
 }
