@@ -159,6 +159,8 @@ pub async fn run_signalling(
     let calls = CallMetrics::new();
     let options = PluginOptions { observer: Some(calls.clone()), ..PluginOptions::default() };
     let gpu_changes = preparer.gpu_change_counts();
+    let mps_stats = preparer.mps_stats();
+    let supervising = tokio::spawn(supervise_mps(preparer.clone(), config.mps.check_interval, shutdown.clone()));
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
@@ -187,6 +189,7 @@ pub async fn run_signalling(
             Readiness { registration: plugin.registration(), publish: status_rx.clone(), state: store_health };
         let mut metrics = Metrics::new(&calls, sources);
         metrics.register_gpu_changes(gpu_changes);
+        metrics.register_mps(mps_stats);
         listener.serve(Endpoints { metrics, readiness }, shutdown.clone())
     });
     let notifier = systemd_notifier();
@@ -199,7 +202,9 @@ pub async fn run_signalling(
         let _ = n.stopping();
     }
     let aborted = plugin.shutdown(config.shutdown_grace).await;
-    for task in [publishing, rediscovering, readiness, healing].into_iter().chain(watchdog).chain(serving_metrics) {
+    for task in
+        [publishing, rediscovering, readiness, healing, supervising].into_iter().chain(watchdog).chain(serving_metrics)
+    {
         let _ = task.await;
     }
     if aborted > 0 {
@@ -289,6 +294,23 @@ async fn heal_state(preparer: Preparer, mut shutdown: watch::Receiver<bool>) {
             }
             Ok(Err(e)) => warn!(error = %error_chain(&e), "the state store cannot be re-opened yet; retrying"),
             Err(e) => warn!(error = %e, "re-opening the state store failed; retrying"),
+        }
+    }
+}
+
+/// Checks every `interval` that prepared claims' MPS control daemons run, and starts
+/// dead ones again (see [`Preparer::check_mps_daemons`]). Daemons outlive edra: nothing
+/// here stops them at shutdown.
+async fn supervise_mps(preparer: Preparer, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        if until_stopped(tokio::time::sleep(interval), &mut shutdown).await.is_none() {
+            return;
+        }
+        let checking = preparer.clone();
+        match tokio::task::spawn_blocking(move || checking.check_mps_daemons()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %error_chain(&e), "cannot check the MPS control daemons; retrying"),
+            Err(e) => warn!(error = %e, "checking the MPS control daemons failed; retrying"),
         }
     }
 }

@@ -62,6 +62,10 @@ pub struct MpsConfig {
     /// Pinned device memory limit per client, a Kubernetes quantity (e.g. `10Gi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_pinned_device_memory_limit: Option<String>,
+    /// Per-GPU overrides of the pinned device memory limit: device name (`gpu-0`) or UUID
+    /// → quantity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_per_device_pinned_memory_limit: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `sharing`.

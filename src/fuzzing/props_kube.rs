@@ -291,7 +291,11 @@ fn gpu_config() -> impl Strategy<Value = GpuConfig> {
     let time_slicing = prop::option::of(interval.prop_map(|interval| TimeSlicingConfig { interval }));
     let mps =
         prop::option::of((prop::option::of(1u32..=100), prop::option::of("[0-9]{1,4}(Mi|Gi)?")).prop_map(|(p, l)| {
-            MpsConfig { default_active_thread_percentage: p, default_pinned_device_memory_limit: l }
+            MpsConfig {
+                default_active_thread_percentage: p,
+                default_pinned_device_memory_limit: l,
+                default_per_device_pinned_memory_limit: None,
+            }
         }));
     prop_oneof![
         Just(Sharing::default()),

@@ -27,6 +27,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+/// The config key that overrides where `nvidia-cuda-mps-control` is.
+pub const CONFIG_KEY: &str = "paths.mps_control";
+/// Where `nvidia-cuda-mps-control` is under the driver root unless [`CONFIG_KEY`] says otherwise.
+pub const DEFAULT_RELATIVE_PATH: &str = "usr/bin/nvidia-cuda-mps-control";
 /// The file the control daemon writes its pid into, in the pipe directory.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// The control daemon's log, in the log directory.
@@ -55,6 +59,37 @@ pub struct MpsSettings {
     pub ready_timeout: Duration,
     /// How long `quit` may take before SIGKILL.
     pub quit_grace: Duration,
+    /// Library directory to put on `LD_LIBRARY_PATH` (the driver root's libraries, when
+    /// the driver root is not `/`).
+    pub library_dir: Option<PathBuf>,
+}
+
+/// MPS daemon counts for the metrics.
+#[derive(Debug, Default)]
+pub struct MpsStats {
+    /// Daemons found running at the last check.
+    pub running: std::sync::atomic::AtomicU64,
+    /// Daemons started again after they died.
+    pub restarts: std::sync::atomic::AtomicU64,
+    /// Starts that answered.
+    pub started: std::sync::atomic::AtomicU64,
+    /// Starts that failed.
+    pub failed: std::sync::atomic::AtomicU64,
+    /// Milliseconds from start to ready, summed over the starts that answered.
+    pub ready_millis: std::sync::atomic::AtomicU64,
+}
+
+impl MpsStats {
+    /// Counts a start that took `took` (`ok`) or failed.
+    pub fn start(&self, ok: bool, took: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if ok {
+            self.started.fetch_add(1, Relaxed);
+            self.ready_millis.fetch_add(u64::try_from(took.as_millis()).unwrap_or(u64::MAX), Relaxed);
+        } else {
+            self.failed.fetch_add(1, Relaxed);
+        }
+    }
 }
 
 /// A daemon's directories.
@@ -278,7 +313,9 @@ pub fn log_tail(dirs: &DaemonDirs) -> String {
 }
 
 impl Supervisor {
-    fn check_binary(&self) -> Result<(), MpsError> {
+    /// Fails unless the control binary is an executable file (it names the path and the
+    /// config key).
+    pub fn check_binary(&self) -> Result<(), MpsError> {
         use std::os::unix::fs::PermissionsExt;
         let s = &self.settings;
         match std::fs::metadata(&s.control) {
@@ -290,6 +327,9 @@ impl Supervisor {
     fn command(&self, dirs: &DaemonDirs) -> Command {
         let mut cmd = Command::new(&self.settings.control);
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe).env("CUDA_MPS_LOG_DIRECTORY", &dirs.log);
+        if let Some(dir) = &self.settings.library_dir {
+            cmd.env("LD_LIBRARY_PATH", dir);
+        }
         cmd
     }
 
@@ -526,4 +566,4 @@ impl MpsDaemons for Supervisor {
 
 #[cfg(test)]
 #[path = "mps_tests.rs"]
-mod tests;
+pub(crate) mod tests;

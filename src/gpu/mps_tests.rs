@@ -34,6 +34,7 @@ fn supervisor(root: &Path, fake: &FakeMpsControl) -> Supervisor {
             // Generous: the machine running the tests may be loaded.
             ready_timeout: Duration::from_secs(20),
             quit_grace: Duration::from_secs(10),
+            library_dir: None,
         },
     }
 }

@@ -123,7 +123,40 @@ pub fn decode(driver: &str, index: usize, params: &serde_json::Value) -> Result<
     {
         return Err(invalid("sharing.mps.defaultActiveThreadPercentage must be between 1 and 100"));
     }
+    if let Some(mps) = &sharing.mps {
+        if let Some(q) = &mps.default_pinned_device_memory_limit {
+            pinned_limit_mib(q).map_err(|e| ConfigError::Invalid {
+                index,
+                message: format!("sharing.mps.defaultPinnedDeviceMemoryLimit {e}"),
+            })?;
+        }
+        let per_device = mps.default_per_device_pinned_memory_limit.iter().flatten();
+        if per_device.clone().count() > MAX_PER_DEVICE_LIMITS {
+            return Err(invalid(&format!(
+                "sharing.mps.defaultPerDevicePinnedMemoryLimit names more than {MAX_PER_DEVICE_LIMITS} devices"
+            )));
+        }
+        for (device, q) in per_device {
+            pinned_limit_mib(q).map_err(|e| ConfigError::Invalid {
+                index,
+                message: format!("sharing.mps.defaultPerDevicePinnedMemoryLimit[{device:?}] {e}"),
+            })?;
+        }
+    }
     Ok(GpuConfig { sharing })
+}
+
+/// Most entries in `sharing.mps.defaultPerDevicePinnedMemoryLimit`.
+pub const MAX_PER_DEVICE_LIMITS: usize = 64;
+
+/// A pinned device memory limit (a quantity, `"10Gi"`) in whole MiB, as the MPS control
+/// daemon takes it (`<N>M`): at least 1 MiB, at most 1 PiB.
+pub fn pinned_limit_mib(quantity: &str) -> Result<u64, String> {
+    let bytes = crate::config::source::parse_bytes(quantity)?;
+    if !((1 << 20)..=(1 << 50)).contains(&bytes) {
+        return Err(format!("must be from 1Mi to 1024Ti, found {quantity:?}"));
+    }
+    Ok(bytes >> 20)
 }
 
 /// Request names (`req` and `req/sub`) defined by the claim's spec.

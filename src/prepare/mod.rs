@@ -16,6 +16,7 @@ pub mod config;
 pub mod driver_files;
 pub mod failpoint;
 pub mod locks;
+pub mod mps;
 pub mod plan;
 pub mod recover;
 #[cfg(test)]
@@ -31,6 +32,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::gpu::mps::{MpsSettings, MpsStats, Supervisor};
 use crate::gpu::timeslice::{self, NvidiaSmi};
 use crate::gpu::{ChangeCounts, ComputeMode, ComputeModes, GpuError, Setting};
 use crate::inventory::Inventory;
@@ -168,6 +170,8 @@ pub struct PrepareSettings {
     pub hook_binary: PathBuf,
     /// The `nvidia-smi` that sets time-slice intervals.
     pub nvidia_smi: NvidiaSmi,
+    /// Where and how MPS control daemons run.
+    pub mps: MpsSettings,
 }
 
 /// The folder of the driver root's NVML library, for tools the driver root ships, when the
@@ -182,6 +186,7 @@ fn nvml_library_dir(library: &Path, driver_root: &Path) -> Option<PathBuf> {
 impl PrepareSettings {
     /// Settings from the configuration; `hook_binary` is usually `std::env::current_exe()`.
     pub fn from_config(config: &crate::config::Config, hook_binary: PathBuf) -> Self {
+        let library_dir = nvml_library_dir(&config.nvml.library, &config.paths.driver_root);
         Self {
             driver: config.driver_name.clone(),
             node: config.node_name.clone(),
@@ -195,8 +200,22 @@ impl PrepareSettings {
             nvidia_smi: NvidiaSmi::new(
                 config.paths.nvidia_smi.as_deref(),
                 &config.paths.driver_root,
-                nvml_library_dir(&config.nvml.library, &config.paths.driver_root),
+                library_dir.clone(),
             ),
+            mps: MpsSettings {
+                control: config
+                    .paths
+                    .mps_control
+                    .clone()
+                    .unwrap_or_else(|| config.paths.driver_root.join(crate::gpu::mps::DEFAULT_RELATIVE_PATH)),
+                control_key: crate::gpu::mps::CONFIG_KEY,
+                runtime_dir: config.paths.runtime_dir.clone(),
+                // Daemons are processes of this pid namespace, whatever paths.proc_root says.
+                proc_root: PathBuf::from("/proc"),
+                ready_timeout: config.mps.ready_timeout,
+                quit_grace: config.mps.quit_grace,
+                library_dir,
+            },
         }
     }
 
@@ -258,14 +277,31 @@ pub enum PrepareError {
     /// The opaque config is wrong.
     #[error("invalid GpuConfig")]
     Config(#[source] config::ConfigError),
-    /// A sharing strategy edra does not implement yet.
-    #[error("sharing strategy {strategy} (request {request}) is not supported yet; use Exclusive or TimeSlicing")]
-    UnsupportedSharing {
-        /// The strategy.
-        strategy: config::Strategy,
-        /// The request it applies to.
-        request: String,
+    /// Two requests of one claim ask for MPS with different settings.
+    #[error(
+        "requests {first} and {second} ask for MPS with different settings; a claim has one MPS daemon, so give \
+         all its MPS requests the same sharing.mps"
+    )]
+    MpsConfigsDiffer {
+        /// The first request.
+        first: String,
+        /// The other request.
+        second: String,
     },
+    /// A per-device MPS limit names a device the claim's MPS requests do not have.
+    #[error(
+        "sharing.mps.defaultPerDevicePinnedMemoryLimit names {key:?}, which is not one of the claim's MPS devices \
+         ({devices}); use a device name or UUID of those"
+    )]
+    MpsLimitForOtherDevice {
+        /// The key.
+        key: String,
+        /// The claim's MPS devices.
+        devices: String,
+    },
+    /// The claim's MPS daemon could not be started or stopped.
+    #[error("cannot run the claim's MPS control daemon")]
+    Mps(#[source] crate::gpu::mps::MpsError),
     /// TimeSlicing asked for on a MIG device.
     #[error(
         "sharing strategy TimeSlicing (request {request}) cannot apply to MIG device {device}: the time-slice is a \
@@ -354,6 +390,12 @@ struct Inner {
     driver_files: DriverFilesCache,
     /// The boot ID at construction, stored in new records.
     boot_id: String,
+    /// Runs MPS control daemons.
+    mps: Supervisor,
+    /// MPS daemon counts.
+    mps_stats: Arc<MpsStats>,
+    /// Daemons that failed to start again, and when to try next.
+    mps_retries: mps::Retries,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, PrepareError> {
@@ -399,6 +441,9 @@ impl Preparer {
             driver_files::HostRoots { sys_root: settings.sys_root.clone(), proc_root: settings.proc_root.clone() };
         let inner = Inner {
             boot_id: read_boot_id(&settings.proc_root),
+            mps: Supervisor { settings: settings.mps.clone() },
+            mps_stats: Arc::default(),
+            mps_retries: Default::default(),
             store,
             compute_modes,
             gpu_counts: Arc::default(),
@@ -419,6 +464,11 @@ impl Preparer {
     /// The state store.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// MPS daemon counts (for the metrics).
+    pub fn mps_stats(&self) -> Arc<MpsStats> {
+        self.inner.mps_stats.clone()
     }
 
     /// GPU setting changes made or tried so far (for the metrics).
@@ -466,7 +516,8 @@ impl Preparer {
             hook_binary: &s.hook_binary,
             host_driver_root: s.host_driver_root.as_deref(),
         };
-        let spec = cdi::build_spec(&layout, &record.uid, &devices, &files);
+        let mut spec = cdi::build_spec(&layout, &record.uid, &devices, &files);
+        mps::add_edits(&mut spec, record, &s.mps);
         let problems = cdi_validate::validate(&spec);
         if problems.is_empty() { Ok(spec) } else { Err(PrepareError::InvalidSpec { problems }) }
     }
@@ -513,13 +564,17 @@ impl Preparer {
         let inventory = self.inner.inventory.borrow().clone();
         let devices = plan::plan(&self.inner.settings, &claim, &fetched, &inventory)?;
         let gpus = plan::timeslicing_gpus(&devices, &inventory);
+        let mps_plan = plan::mps_plan(&devices, &inventory)?;
+        // Before anything is recorded or changed: a missing binary leaves all as it was.
         if !gpus.is_empty() {
-            // Before anything is recorded or changed: a missing binary leaves all as it was.
             self.inner.settings.nvidia_smi.check().map_err(|source| PrepareError::Gpu {
                 action: "set the time-slice",
                 uuid: gpus[0].uuid.clone(),
                 source,
             })?;
+        }
+        if mps_plan.is_some() {
+            self.inner.mps.check_binary().map_err(PrepareError::Mps)?;
         }
         let record = ClaimRecord {
             schema: SCHEMA_VERSION,
@@ -536,21 +591,29 @@ impl Preparer {
         let held = guard.clone();
         let done = blocking(move || {
             let _held = held;
-            this.apply(record, &gpus)
+            this.apply(record, &gpus, mps_plan.as_ref())
         })
         .await??;
         tracing::info!(claim.uid = %done.uid, devices = done.devices.len(), "claim prepared");
         Ok(answer(&done))
     }
 
-    /// Steps 4–6 of prepare (blocking I/O): PrepareStarted, GPU settings, spec,
-    /// PrepareCompleted. On a failure after PrepareStarted, what was done is undone.
-    fn apply(&self, mut record: ClaimRecord, gpus: &[plan::TimeSlicedGpu]) -> Result<ClaimRecord, PrepareError> {
+    /// Steps 4–6 of prepare (blocking I/O): PrepareStarted, GPU settings and MPS daemon,
+    /// spec, PrepareCompleted. On a failure after PrepareStarted, what was done is undone.
+    fn apply(
+        &self,
+        mut record: ClaimRecord,
+        gpus: &[plan::TimeSlicedGpu],
+        mps_plan: Option<&plan::MpsPlan>,
+    ) -> Result<ClaimRecord, PrepareError> {
         let store = &self.inner.store;
         store.put_claim(&record)?;
         failpoint::hit("prepare-after-started");
         let finish = (|| {
             self.time_slice(&record.uid, gpus)?;
+            if let Some(p) = mps_plan {
+                self.start_mps(&record.uid, p)?;
+            }
             self.write_spec_of(&record)?;
             failpoint::hit("prepare-after-cdi-write");
             record.phase = Phase::PrepareCompleted;
@@ -666,8 +729,8 @@ impl Preparer {
         .await?
     }
 
-    /// Removes a claim's spec, restores the GPUs it changed, then removes its records
-    /// (blocking I/O); unknown UIDs are fine.
+    /// Removes a claim's spec, stops its MPS daemon, restores the GPUs it changed, then
+    /// removes its records (blocking I/O); unknown UIDs are fine.
     pub(crate) fn release(&self, uid: &str) -> Result<(), PrepareError> {
         let store = &self.inner.store;
         let Some(rec) = store.claim(uid)? else {
@@ -680,6 +743,7 @@ impl Preparer {
             source,
         })?;
         failpoint::hit("unprepare-after-cdi-remove");
+        self.stop_mps(uid)?;
         self.restore_gpus(uid)?;
         store.remove_claim(uid)?;
         failpoint::hit("unprepare-after-record-remove");

@@ -59,9 +59,7 @@ pub fn plan(
                     });
                 }
             }
-            strategy @ Strategy::Mps => {
-                return Err(PrepareError::UnsupportedSharing { strategy, request: r.request.clone() });
-            }
+            Strategy::Mps => {}
         }
         if let Some(other) = out.iter().find(|d: &&DeviceRecord| d.device == r.device && d.config != cfg) {
             return Err(PrepareError::ConflictingConfigs {
@@ -107,4 +105,69 @@ pub fn timeslicing_gpus(devices: &[DeviceRecord], inventory: &Inventory) -> Vec<
         out.push(TimeSlicedGpu { device: d.device.clone(), uuid: dev.uuid.clone(), interval });
     }
     out
+}
+
+/// A claim's MPS daemon, as its MPS devices and their (one) config ask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsPlan {
+    /// The UUIDs the daemon serves, in device order.
+    pub gpus: Vec<String>,
+    /// The full GPUs among them (device, UUID): their compute mode is set to
+    /// EXCLUSIVE_PROCESS. A MIG device's compute mode is its parent's, shared with other
+    /// claims' MIG devices, so it is left as it is.
+    pub full_gpus: Vec<(String, String)>,
+    /// `defaultActiveThreadPercentage`.
+    pub active_thread_percentage: Option<u32>,
+    /// Pinned device memory limit per UUID, in MiB.
+    pub pinned_memory_mib: Vec<(String, u64)>,
+}
+
+/// The MPS daemon of a claim whose devices include MPS ones: one daemon per claim, so all
+/// of them must carry the same MPS settings; per-device limits must name one of them.
+pub fn mps_plan(devices: &[DeviceRecord], inventory: &Inventory) -> Result<Option<MpsPlan>, PrepareError> {
+    let mps: Vec<&DeviceRecord> = devices.iter().filter(|d| d.config.sharing.strategy == Strategy::Mps).collect();
+    let Some(first) = mps.first() else { return Ok(None) };
+    if let Some(other) = mps.iter().find(|d| d.config.sharing.mps != first.config.sharing.mps) {
+        return Err(PrepareError::MpsConfigsDiffer { first: first.request.clone(), second: other.request.clone() });
+    }
+    let settings = first.config.sharing.mps.clone().unwrap_or_default();
+    let mut plan = MpsPlan {
+        gpus: Vec::new(),
+        full_gpus: Vec::new(),
+        active_thread_percentage: settings.default_active_thread_percentage,
+        pinned_memory_mib: Vec::new(),
+    };
+    let mut names = Vec::new();
+    for d in &mps {
+        let dev =
+            inventory.device(&d.device).ok_or_else(|| PrepareError::UnknownDevice { device: d.device.clone() })?;
+        if plan.gpus.contains(&dev.uuid) {
+            continue;
+        }
+        plan.gpus.push(dev.uuid.clone());
+        names.push((dev.name.clone(), dev.uuid.clone()));
+        if dev.kind == DeviceKind::Gpu {
+            plan.full_gpus.push((dev.name.clone(), dev.uuid.clone()));
+        }
+    }
+    let per_device = settings.default_per_device_pinned_memory_limit.unwrap_or_default();
+    if let Some(key) = per_device.keys().find(|k| !names.iter().any(|(n, u)| n == *k || u == *k)) {
+        return Err(PrepareError::MpsLimitForOtherDevice {
+            key: key.clone(),
+            devices: names.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>().join(", "),
+        });
+    }
+    for (name, uuid) in &names {
+        let quantity = per_device
+            .get(name)
+            .or_else(|| per_device.get(uuid))
+            .or(settings.default_pinned_device_memory_limit.as_ref());
+        if let Some(q) = quantity {
+            // Checked when the config was decoded.
+            let mib = config::pinned_limit_mib(q)
+                .map_err(|message| PrepareError::Config(config::ConfigError::Invalid { index: 0, message }))?;
+            plan.pinned_memory_mib.push((uuid.clone(), mib));
+        }
+    }
+    Ok(Some(plan))
 }

@@ -5,8 +5,9 @@
 //! orphaned spec files and GPUs whose compute mode or time-slice edra changed; a reboot
 //! clears the CDI directory under /var/run and the GPUs' settings. Recovery rolls back
 //! PrepareStarted records (spec, GPU settings as the GPU change records say, device
-//! holdings), keeps PrepareCompleted ones (the kubelet may call prepare again for their
-//! pods), sets their GPU settings again and re-writes their missing specs,
+//! holdings, MPS daemons), keeps PrepareCompleted ones (the kubelet may call prepare again
+//! for their pods), sets their GPU settings again, adopts their MPS daemons (or starts
+//! them again) and re-writes their missing specs, stops MPS daemons no claim owns,
 //! removes spec files of edra's kind that no record owns and temp files whose writer is
 //! gone, and stores the boot ID. Each claim is handled under its lock, so recovery can run
 //! while the kubelet is served (after a re-open) without undoing a prepare in flight. The
@@ -33,6 +34,14 @@ pub struct RecoveryReport {
     pub gpus_reapplied: Vec<String>,
     /// Prepared claims whose GPU settings could not be set again (kept; logged).
     pub gpus_reapply_failed: Vec<String>,
+    /// Prepared claims whose running MPS daemon was adopted.
+    pub mps_adopted: Vec<String>,
+    /// Prepared claims whose MPS daemon was gone and was started again.
+    pub mps_restarted: Vec<String>,
+    /// Prepared claims whose MPS daemon could not be started again (kept; supervision retries).
+    pub mps_failed: Vec<String>,
+    /// MPS daemon directories (and daemons) that no claim owned, stopped and removed.
+    pub mps_orphans: Vec<String>,
 }
 
 impl Preparer {
@@ -82,6 +91,18 @@ impl Preparer {
                             report.gpus_reapply_failed.push(rec.uid.clone());
                         }
                     }
+                    match self.ensure_mps(&rec.uid) {
+                        Ok(super::mps::MpsCheck::NoDaemon) => {}
+                        Ok(super::mps::MpsCheck::Running(d) | super::mps::MpsCheck::Adopted(d)) => {
+                            tracing::info!(claim.uid = %rec.uid, pid = d.pid, "adopted the claim's running MPS control daemon");
+                            report.mps_adopted.push(rec.uid.clone());
+                        }
+                        Ok(super::mps::MpsCheck::Restarted(_)) => report.mps_restarted.push(rec.uid.clone()),
+                        Err(e) => {
+                            tracing::error!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot start the claim's MPS control daemon again; edra keeps trying");
+                            report.mps_failed.push(rec.uid.clone());
+                        }
+                    }
                     if rec.cdi_spec_path.exists() {
                         continue;
                     }
@@ -125,6 +146,7 @@ impl Preparer {
                 }
             }
         }
+        report.mps_orphans = self.sweep_mps_orphans()?;
         if !boot_id.is_empty() && stored.as_deref() != Some(boot_id.as_str()) {
             store.set_boot_id(&boot_id)?;
         }
@@ -135,6 +157,10 @@ impl Preparer {
             orphans_removed = report.orphans_removed.len(),
             gpus_reapplied = report.gpus_reapplied.len(),
             gpus_reapply_failed = report.gpus_reapply_failed.len(),
+            mps_adopted = report.mps_adopted.len(),
+            mps_restarted = report.mps_restarted.len(),
+            mps_failed = report.mps_failed.len(),
+            mps_orphans = report.mps_orphans.len(),
             "state recovered"
         );
         Ok(report)

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::json;
 
 use super::*;
-use crate::gpu::testing::{FakeNvidiaSmi, FileModes};
+use crate::gpu::testing::{FakeMpsControl, FakeNvidiaSmi, FileModes};
 use crate::inventory::{Device, DeviceKind, Inventory};
 
 const DRIVER: &str = "gpu.edra.dev";
@@ -57,6 +57,8 @@ pub(super) struct Fixture {
     pub modes: Arc<FileModes>,
     /// The stand-in `nvidia-smi` the settings point at.
     pub smi: FakeNvidiaSmi,
+    /// The stand-in `nvidia-cuda-mps-control` the settings point at.
+    pub mps: FakeMpsControl,
 }
 
 fn gpu(minor: u32, dev_root: &Path) -> Device {
@@ -111,6 +113,7 @@ impl Fixture {
         };
         let (inventory_tx, rx) = watch::channel(Arc::new(inventory));
         let smi = FakeNvidiaSmi::install(&root.join("smi"));
+        let mps = FakeMpsControl::install(&root.join("mps-bin"));
         let settings = PrepareSettings {
             driver: DRIVER.into(),
             node: NODE.into(),
@@ -122,22 +125,32 @@ impl Fixture {
             sys_root: root.join("sys"),
             hook_binary: "/usr/bin/edra".into(),
             nvidia_smi: crate::gpu::timeslice::NvidiaSmi::new(Some(&smi.path), &root.join("driver"), None),
+            mps: crate::gpu::mps::MpsSettings {
+                control: mps.path.clone(),
+                control_key: crate::gpu::mps::CONFIG_KEY,
+                runtime_dir: root.join("run/edra"),
+                proc_root: "/proc".into(),
+                // Generous: the machine running the tests may be loaded.
+                ready_timeout: std::time::Duration::from_secs(20),
+                quit_grace: std::time::Duration::from_secs(10),
+                library_dir: None,
+            },
         };
         let store = open_when_unlocked(&root.join("state"));
         let claims = Arc::new(MemClaims::default());
         let modes = Arc::new(FileModes::at(root.join("gpu-modes")));
         let preparer = Preparer::new(store, rx, claims.clone(), settings, modes.clone());
-        Fixture { _tmp: None, root: root.to_path_buf(), claims, preparer, inventory_tx, modes, smi }
+        Fixture { _tmp: None, root: root.to_path_buf(), claims, preparer, inventory_tx, modes, smi, mps }
     }
 
     /// The same directories with a fresh Preparer (as after a restart).
     pub fn restart(self) -> Fixture {
-        let Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi } = self;
+        let Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi, mps } = self;
         let settings = preparer.settings().clone();
         drop(preparer);
         let store = open_when_unlocked(&root.join("state"));
         let preparer = Preparer::new(store, inventory_tx.subscribe(), claims.clone(), settings, modes.clone());
-        Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi }
+        Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi, mps }
     }
 
     pub fn cdi_dir(&self) -> PathBuf {
@@ -300,7 +313,8 @@ async fn per_claim_errors_say_what_is_wrong() {
         {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "Exclusive", "extra": 1}}}}]);
     f.claims.put(claim(UID3, "bad-config", &[("gpu", DRIVER, NODE, "gpu-0", false)], bad_config));
     let mps = json!([{"source": "FromClass", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters":
-        {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}}}]);
+        {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS",
+         "mps": {"defaultPerDevicePinnedMemoryLimit": {"gpu-1": "1Gi"}}}}}}]);
     f.claims.put(claim(UID3, "mps", &[("gpu", DRIVER, NODE, "gpu-0", false)], mps));
 
     let cases: [(ClaimRef, &str); 9] = [
@@ -310,7 +324,7 @@ async fn per_claim_errors_say_what_is_wrong() {
         (cref(UID3, "other-pool"), "no devices allocated by driver gpu.edra.dev in pool node-a"),
         (cref(UID3, "missing"), "device gpu-7 is not on this node"),
         (cref(UID3, "bad-config"), "unknown field `extra`"),
-        (cref(UID3, "mps"), "sharing strategy MPS (request gpu) is not supported yet"),
+        (cref(UID3, "mps"), "names \"gpu-1\", which is not one of the claim's MPS devices (gpu-0)"),
         (cref(UID3, "gone"), "ResourceClaim ns/gone was not found"),
         (cref("Not-A-UID", "x"), "is not a lowercase RFC 4122 UUID"),
     ];
@@ -373,6 +387,8 @@ async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
 
 #[path = "tests_cancel.rs"]
 mod cancel;
+#[path = "tests_mps.rs"]
+mod mps_claims;
 #[path = "tests_recovery.rs"]
 mod recovery;
 #[path = "tests_sharing.rs"]

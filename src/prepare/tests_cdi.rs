@@ -7,7 +7,7 @@ use crate::prepare::cdi_validate::{minimum_version, validate};
 
 const VENDOR: &str = "k8s.gpu.edra.dev";
 
-fn schema_validator() -> jsonschema::Validator {
+pub(super) fn schema_validator() -> jsonschema::Validator {
     struct Local;
     impl jsonschema::Retrieve for Local {
         fn retrieve(
@@ -26,7 +26,7 @@ fn schema_validator() -> jsonschema::Validator {
     jsonschema::options().with_retriever(Local).build(&schema).unwrap()
 }
 
-fn schema_errors(v: &jsonschema::Validator, spec: &serde_json::Value) -> Vec<String> {
+pub(super) fn schema_errors(v: &jsonschema::Validator, spec: &serde_json::Value) -> Vec<String> {
     v.iter_errors(spec).map(|e| e.to_string()).collect()
 }
 

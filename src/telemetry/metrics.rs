@@ -218,6 +218,49 @@ impl Collector for GpuChangeCollector {
     }
 }
 
+/// Encodes the MPS daemon counts at scrape time.
+#[derive(Debug)]
+struct MpsCollector(Arc<crate::gpu::mps::MpsStats>);
+
+impl Collector for MpsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.0;
+        let running = i64::try_from(s.running.load(Relaxed)).unwrap_or(i64::MAX);
+        gauge(
+            &mut encoder,
+            "edra_mps_daemons_running",
+            "MPS control daemons of prepared claims found running at the last check",
+            None,
+            running,
+        )?;
+        counter(
+            &mut encoder,
+            "edra_mps_daemon_restarts",
+            "MPS control daemons started again after they died",
+            None,
+            s.restarts.load(Relaxed),
+        )?;
+        let c = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "edra_mps_daemon_starts",
+            "MPS control daemon starts, by outcome (ok: answered and took its limits)",
+            None,
+            c.metric_type(),
+        )?;
+        for (outcome, n) in [("ok", s.started.load(Relaxed)), ("failed", s.failed.load(Relaxed))] {
+            ConstCounter::new(n).encode(family.encode_family(&[("outcome", outcome.to_string())])?)?;
+        }
+        let ready = ConstCounter::new(s.ready_millis.load(Relaxed) as f64 / 1000.0);
+        ready.encode(encoder.encode_descriptor(
+            "edra_mps_daemon_ready",
+            "Time from starting an MPS control daemon until it answered, summed over the starts that answered (divide by edra_mps_daemon_starts_total{outcome=\"ok\"})",
+            Some(&Unit::Seconds),
+            ready.metric_type(),
+        )?)
+    }
+}
+
 fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: i64) -> std::fmt::Result {
     let g = ConstGauge::new(v);
     g.encode(encoder.encode_descriptor(name, help, unit, g.metric_type())?)
@@ -270,6 +313,11 @@ impl Metrics {
     /// Adds `edra_gpu_setting_changes_total{setting, outcome}` read from `counts`.
     pub fn register_gpu_changes(&mut self, counts: Arc<crate::gpu::ChangeCounts>) {
         self.registry.register_collector(Box::new(GpuChangeCollector(counts)));
+    }
+
+    /// Adds the `edra_mps_daemon*` metrics read from `stats`.
+    pub fn register_mps(&mut self, stats: Arc<crate::gpu::mps::MpsStats>) {
+        self.registry.register_collector(Box::new(MpsCollector(stats)));
     }
 
     /// Every metric in the OpenMetrics text format ([`OPENMETRICS_CONTENT_TYPE`]).
