@@ -23,15 +23,18 @@ pub fn hit(name: &str) {
 }
 
 /// The failpoints, in the order a prepare and an unprepare pass them.
-pub const POINTS: [&str; 11] = [
+pub const POINTS: [&str; 14] = [
     "prepare-after-started",
     "prepare-after-gpu-recorded",
     "prepare-after-compute-mode",
     "prepare-after-timeslice",
+    "prepare-after-mps-recorded",
+    "prepare-after-mps-started",
     "prepare-after-cdi-write",
     "prepare-before-completed",
     "prepare-after-completed",
     "unprepare-after-cdi-remove",
+    "unprepare-after-mps-stop",
     "unprepare-after-timeslice-reset",
     "unprepare-after-compute-mode-restore",
     "unprepare-after-record-remove",

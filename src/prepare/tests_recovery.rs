@@ -85,10 +85,34 @@ async fn recovery_converges_after_a_simulated_crash_and_reboot() {
 async fn crash_child() {
     let Ok(dir) = std::env::var(CRASH_DIR) else { return };
     let f = Fixture::at(Path::new(&dir));
-    f.claims.put(claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false)], time_sliced()));
+    f.claims.put(crash_claim());
     let r = f.preparer.prepare(vec![cref(UID1, "c")]).await;
     assert!(r[UID1].is_ok(), "{r:?}");
     f.preparer.unprepare(vec![cref(UID1, "c")]).await;
+}
+
+/// Whether the crash tests include an MPS device (its daemon needs root).
+#[cfg(debug_assertions)]
+fn with_mps() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The crash tests' claim: gpu-0 time-sliced and, as root, gpu-1 shared through MPS, so
+/// every failpoint is passed.
+#[cfg(debug_assertions)]
+fn crash_claim() -> ResourceClaim {
+    if !with_mps() {
+        return claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false)], time_sliced());
+    }
+    let mut config = time_sliced();
+    config[0]["requests"] = json!(["gpu"]);
+    config.as_array_mut().unwrap().push(
+        json!({"source": "FromClaim", "requests": ["alt"], "opaque": {"driver": DRIVER,
+        "parameters": {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig",
+         "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}}}}),
+    );
+    claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false), ("alt/one", DRIVER, NODE, "gpu-1", false)], config)
 }
 
 /// The crash tests' claim config: TimeSlicing (Short), so every failpoint is passed.
@@ -105,11 +129,20 @@ async fn crash_at_every_failpoint_converges() {
     use crate::gpu::ComputeMode;
     use crate::gpu::testing::FileModes;
     const GPU0: &str = "GPU-00000000-aaaa-bbbb-cccc-000000000000";
+    use crate::gpu::mps::{DaemonIdentity, MpsDaemons, PID_FILE, process_start};
+    const GPU1: &str = "GPU-00000001-aaaa-bbbb-cccc-000000000000";
+    let alive =
+        |d: &DaemonIdentity| matches!(process_start(Path::new("/proc"), d.pid), Some((t, false)) if t == d.start_time);
     let exe = std::env::current_exe().unwrap();
-    for point in failpoint::POINTS {
+    if !with_mps() {
+        eprintln!("crash_at_every_failpoint_converges: the MPS failpoints are skipped, an MPS daemon needs root");
+    }
+    for point in failpoint::POINTS.into_iter().filter(|p| with_mps() || !p.contains("-mps-")) {
         let tmp = tempfile::tempdir().unwrap();
-        // The GPU's mode before edra touches it; the modes file outlives the child, as a GPU's state does.
-        FileModes::at(tmp.path().join("gpu-modes")).set_compute_mode(GPU0, ComputeMode::ExclusiveProcess).unwrap();
+        // The GPUs' modes before edra touches them; the modes file outlives the child, as a GPU's state does.
+        let before = FileModes::at(tmp.path().join("gpu-modes"));
+        before.set_compute_mode(GPU0, ComputeMode::ExclusiveProcess).unwrap();
+        before.set_compute_mode(GPU1, ComputeMode::Prohibited).unwrap();
         let out = std::process::Command::new(&exe)
             .args(["--ignored", "--exact", "prepare::tests::recovery::crash_child", "--nocapture"])
             .env(failpoint::ENV, point)
@@ -120,6 +153,11 @@ async fn crash_at_every_failpoint_converges() {
         assert!(!out.status.success() && stderr.contains(&format!("failpoint {point} hit")), "{point}: {stderr}");
 
         let f = Fixture::at(tmp.path());
+        // The daemon the child started, if it got that far (it outlives the child).
+        let sup = crate::gpu::mps::Supervisor { settings: f.preparer.settings().mps.clone() };
+        let started = std::fs::read_to_string(sup.settings.dirs(UID1).pipe.join(PID_FILE))
+            .ok()
+            .and_then(|pid| sup.find(UID1, 0).filter(|d| d.pid.to_string() == pid.trim()));
         let report = f.preparer.recover().unwrap();
         let store = f.preparer.store();
         match store.claim(UID1).unwrap() {
@@ -131,7 +169,25 @@ async fn crash_at_every_failpoint_converges() {
                 assert_eq!(f.modes.mode(GPU0), ComputeMode::Default, "{point}");
                 let last = f.smi.calls().last().cloned();
                 assert_eq!(last, Some(format!("compute-policy -i {GPU0} --set-timeslice=1")), "{point}");
-                assert_eq!(store.gpu_changes().unwrap().len(), 1, "{point}");
+                if with_mps() {
+                    assert_eq!(store.gpu_changes().unwrap().len(), 2, "{point}");
+                    assert_eq!(f.modes.mode(GPU1), ComputeMode::ExclusiveProcess, "{point}");
+                    let rec = store.mps_daemon(UID1).unwrap().expect("the daemon's record");
+                    let (pid, start_time) = rec.daemon.expect("its pid");
+                    assert!(alive(&DaemonIdentity { pid, start_time }), "{point}");
+                    match started {
+                        // Running: adopted, not started again.
+                        Some(d) => {
+                            assert_eq!(DaemonIdentity { pid, start_time }, d, "{point}");
+                            assert_eq!(report.mps_adopted, [UID1], "{point}");
+                        }
+                        // Stopped by an unprepare that did not finish: the claim is still
+                        // prepared until the kubelet's retry, so its daemon runs again.
+                        None => assert_eq!(report.mps_restarted, [UID1], "{point}"),
+                    }
+                } else {
+                    assert_eq!(store.gpu_changes().unwrap().len(), 1, "{point}");
+                }
             }
             // Otherwise rolled back completely, the GPU as it was.
             None => {
@@ -142,13 +198,23 @@ async fn crash_at_every_failpoint_converges() {
                     assert_eq!(last, &format!("compute-policy -i {GPU0} --set-timeslice=0"), "{point}");
                 }
                 assert!(store.gpu_changes().unwrap().is_empty(), "{point}");
+                assert_eq!(f.modes.mode(GPU1), ComputeMode::Prohibited, "{point}");
+                assert!(store.mps_daemon(UID1).unwrap().is_none(), "{point}");
+                assert!(!sup.settings.dirs(UID1).root.exists(), "{point}");
+                if let Some(d) = started {
+                    let gone = (0..500).any(|_| {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        !alive(&d)
+                    });
+                    assert!(gone, "{point}: the daemon {} is stopped", d.pid);
+                }
             }
         }
         let leftovers: Vec<_> =
             std::fs::read_dir(f.cdi_dir()).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
         assert!(leftovers.len() <= 1, "{point}: {leftovers:?}");
         // From any of these states, prepare then unprepare converge to nothing.
-        f.claims.put(claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false)], time_sliced()));
+        f.claims.put(crash_claim());
         let r = f.preparer.prepare(vec![cref(UID1, "c")]).await;
         assert!(r[UID1].is_ok(), "{point}: {r:?}");
         assert_eq!(f.modes.mode(GPU0), ComputeMode::Default, "{point}");
@@ -156,6 +222,9 @@ async fn crash_at_every_failpoint_converges() {
         assert!(store.claims().unwrap().is_empty() && store.holder("gpu-0").unwrap().is_none(), "{point}");
         assert!(store.gpu_changes().unwrap().is_empty(), "{point}");
         assert_eq!(f.modes.mode(GPU0), ComputeMode::ExclusiveProcess, "{point}");
+        assert_eq!(f.modes.mode(GPU1), ComputeMode::Prohibited, "{point}");
+        assert!(store.mps_daemons().unwrap().is_empty(), "{point}");
+        assert!(!f.root.join("run/edra/mps").join(UID1).exists(), "{point}");
         assert_eq!(f.smi.calls().last().unwrap(), &format!("compute-policy -i {GPU0} --set-timeslice=0"), "{point}");
         assert_eq!(std::fs::read_dir(f.cdi_dir()).unwrap().count(), 0, "{point}");
     }

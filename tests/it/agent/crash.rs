@@ -65,13 +65,25 @@ fn phase_of(fs: &NodeFs, uid: &str) -> Option<Phase> {
 #[cfg(debug_assertions)]
 type Left = (Option<Phase>, bool);
 
-/// A claim for gpu-0, time-sliced (so the GPU failpoints are passed) or plain.
-fn gpu0_claim(cluster: &Cluster, name: &str, time_sliced: bool) -> ClaimRef {
-    if !time_sliced {
-        return cluster.allocated_claim(name, "gpu-0");
-    }
-    let config = serde_json::json!({"apiVersion": format!("{DRIVER}/v1alpha1"), "kind": "GpuConfig",
-        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Medium"}}});
+/// How the crash tests' claim shares its GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sharing {
+    Exclusive,
+    /// Passes the GPU setting failpoints.
+    TimeSliced,
+    /// Passes the MPS failpoints (and the compute mode ones).
+    Mps,
+}
+
+/// A claim for gpu-0, shared as `sharing` says.
+fn gpu0_claim(cluster: &Cluster, name: &str, sharing: Sharing) -> ClaimRef {
+    let strategy = match sharing {
+        Sharing::Exclusive => return cluster.allocated_claim(name, "gpu-0"),
+        Sharing::TimeSliced => serde_json::json!({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Medium"}}),
+        Sharing::Mps => serde_json::json!({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 20}}),
+    };
+    let config =
+        serde_json::json!({"apiVersion": format!("{DRIVER}/v1alpha1"), "kind": "GpuConfig", "sharing": strategy});
     cluster.put_claim(
         ClaimBuilder::new("default", name).allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-0")).opaque_config(
             "FromClaim",
@@ -82,7 +94,23 @@ fn gpu0_claim(cluster: &Cluster, name: &str, time_sliced: bool) -> ClaimRef {
     )
 }
 
-/// After a time-sliced claim converged: the last thing done to the GPU reset its interval.
+/// After a claim converged: the last thing done to a time-sliced GPU reset its interval,
+/// and no MPS daemon is left (every daemon the agent started has quit).
+fn assert_gpu_put_back(cluster: &Cluster, sharing: Sharing) {
+    let fs = cluster.fs();
+    let daemons = std::fs::read_dir(fs.paths().runtime_dir.join("mps")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(daemons, 0, "MPS daemon directories left");
+    let mps = fs.mps_control().calls();
+    let (starts, quits) =
+        (mps.iter().filter(|c| c.starts_with("-d")).count(), mps.iter().filter(|c| *c == "quit").count());
+    if sharing == Sharing::Mps {
+        assert!(starts > 0 && quits > 0, "{mps:?}");
+    } else {
+        assert!(mps.is_empty(), "{mps:?}");
+    }
+    assert_interval_reset(cluster, sharing == Sharing::TimeSliced);
+}
+
 fn assert_interval_reset(cluster: &Cluster, time_sliced: bool) {
     let calls = cluster.fs().nvidia_smi().calls();
     if time_sliced {
@@ -93,11 +121,16 @@ fn assert_interval_reset(cluster: &Cluster, time_sliced: bool) {
 }
 
 #[cfg(debug_assertions)]
-async fn crash_in_prepare(point: &str, left: Left, time_sliced: bool) {
+async fn crash_in_prepare(point: &str, left: Left, sharing: Sharing) {
+    if sharing == Sharing::Mps && !crate::support::mps::is_root() {
+        eprintln!("{point}: skipped, an MPS daemon's own mount namespace needs root");
+        return;
+    }
+    let time_sliced = sharing == Sharing::TimeSliced;
     let cluster = Cluster::start().await;
     let fs = cluster.fs();
-    let claim = gpu0_claim(&cluster, "victim", time_sliced);
-    let other = gpu0_claim(&cluster, "next", time_sliced);
+    let claim = gpu0_claim(&cluster, "victim", sharing);
+    let other = gpu0_claim(&cluster, "next", sharing);
     let mut child = ChildAgent::start(&cluster, point).await;
     let mut v1 = child.v1().await;
     let outcome = prepare(&mut v1, std::slice::from_ref(&claim)).await;
@@ -122,14 +155,18 @@ async fn crash_in_prepare(point: &str, left: Left, time_sliced: bool) {
         assert_interval_reset(&cluster, time_sliced && !fs.nvidia_smi().calls().is_empty());
     }
     converge(&cluster, &claim, &other).await;
-    assert_interval_reset(&cluster, time_sliced);
+    assert_gpu_put_back(&cluster, sharing);
 }
 
 #[cfg(debug_assertions)]
-async fn crash_in_unprepare(point: &str, left: Left, time_sliced: bool) {
+async fn crash_in_unprepare(point: &str, left: Left, sharing: Sharing) {
+    if sharing == Sharing::Mps && !crate::support::mps::is_root() {
+        eprintln!("{point}: skipped, an MPS daemon's own mount namespace needs root");
+        return;
+    }
     let cluster = Cluster::start().await;
-    let claim = gpu0_claim(&cluster, "victim", time_sliced);
-    let other = gpu0_claim(&cluster, "next", time_sliced);
+    let claim = gpu0_claim(&cluster, "victim", sharing);
+    let other = gpu0_claim(&cluster, "next", sharing);
     let mut child = ChildAgent::start(&cluster, point).await;
     let mut v1 = child.v1().await;
     prepare_ok(&mut v1, &claim).await;
@@ -148,79 +185,109 @@ async fn crash_in_unprepare(point: &str, left: Left, time_sliced: bool) {
     restarted.terminate().await;
     assert_state_empty(&fs);
     converge(&cluster, &claim, &other).await;
-    assert_interval_reset(&cluster, time_sliced);
+    assert_gpu_put_back(&cluster, sharing);
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_prepare_started() {
-    crash_in_prepare("prepare-after-started", (Some(Phase::PrepareStarted), false), false).await;
+    crash_in_prepare("prepare-after-started", (Some(Phase::PrepareStarted), false), Sharing::Exclusive).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_cdi_write() {
-    crash_in_prepare("prepare-after-cdi-write", (Some(Phase::PrepareStarted), true), false).await;
+    crash_in_prepare("prepare-after-cdi-write", (Some(Phase::PrepareStarted), true), Sharing::Exclusive).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_before_prepare_completed() {
-    crash_in_prepare("prepare-before-completed", (Some(Phase::PrepareStarted), true), false).await;
+    crash_in_prepare("prepare-before-completed", (Some(Phase::PrepareStarted), true), Sharing::Exclusive).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_prepare_completed() {
-    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true), false).await;
+    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true), Sharing::Exclusive).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_unprepare_removed_the_spec() {
-    crash_in_unprepare("unprepare-after-cdi-remove", (Some(Phase::PrepareCompleted), false), false).await;
+    crash_in_unprepare("unprepare-after-cdi-remove", (Some(Phase::PrepareCompleted), false), Sharing::Exclusive).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_unprepare_removed_the_record() {
-    crash_in_unprepare("unprepare-after-record-remove", (None, false), false).await;
+    crash_in_unprepare("unprepare-after-record-remove", (None, false), Sharing::Exclusive).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_a_gpu_change_was_recorded() {
-    crash_in_prepare("prepare-after-gpu-recorded", (Some(Phase::PrepareStarted), false), true).await;
+    crash_in_prepare("prepare-after-gpu-recorded", (Some(Phase::PrepareStarted), false), Sharing::TimeSliced).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_the_compute_mode_was_set() {
-    crash_in_prepare("prepare-after-compute-mode", (Some(Phase::PrepareStarted), false), true).await;
+    crash_in_prepare("prepare-after-compute-mode", (Some(Phase::PrepareStarted), false), Sharing::TimeSliced).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_the_timeslice_was_set() {
-    crash_in_prepare("prepare-after-timeslice", (Some(Phase::PrepareStarted), false), true).await;
+    crash_in_prepare("prepare-after-timeslice", (Some(Phase::PrepareStarted), false), Sharing::TimeSliced).await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_unprepare_reset_the_timeslice() {
-    crash_in_unprepare("unprepare-after-timeslice-reset", (Some(Phase::PrepareCompleted), false), true).await;
+    crash_in_unprepare("unprepare-after-timeslice-reset", (Some(Phase::PrepareCompleted), false), Sharing::TimeSliced)
+        .await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn crash_after_unprepare_restored_the_compute_mode() {
-    crash_in_unprepare("unprepare-after-compute-mode-restore", (Some(Phase::PrepareCompleted), false), true).await;
+    crash_in_unprepare(
+        "unprepare-after-compute-mode-restore",
+        (Some(Phase::PrepareCompleted), false),
+        Sharing::TimeSliced,
+    )
+    .await;
 }
 
 #[cfg(debug_assertions)] // failpoints exist in debug builds only
 #[tokio::test]
 async fn a_time_sliced_claim_converges_after_a_crash_once_completed() {
-    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true), true).await;
+    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true), Sharing::TimeSliced).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn crash_after_the_mps_daemon_was_recorded() {
+    crash_in_prepare("prepare-after-mps-recorded", (Some(Phase::PrepareStarted), false), Sharing::Mps).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn crash_after_the_mps_daemon_started() {
+    crash_in_prepare("prepare-after-mps-started", (Some(Phase::PrepareStarted), false), Sharing::Mps).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn crash_after_unprepare_stopped_the_mps_daemon() {
+    crash_in_unprepare("unprepare-after-mps-stop", (Some(Phase::PrepareCompleted), false), Sharing::Mps).await;
+}
+
+#[cfg(debug_assertions)] // failpoints exist in debug builds only
+#[tokio::test]
+async fn an_mps_claim_converges_after_a_crash_once_completed() {
+    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true), Sharing::Mps).await;
 }
 
 #[test]
@@ -230,10 +297,13 @@ fn every_failpoint_is_covered() {
         "prepare-after-gpu-recorded",
         "prepare-after-compute-mode",
         "prepare-after-timeslice",
+        "prepare-after-mps-recorded",
+        "prepare-after-mps-started",
         "prepare-after-cdi-write",
         "prepare-before-completed",
         "prepare-after-completed",
         "unprepare-after-cdi-remove",
+        "unprepare-after-mps-stop",
         "unprepare-after-timeslice-reset",
         "unprepare-after-compute-mode-restore",
         "unprepare-after-record-remove",

@@ -128,3 +128,89 @@ async fn bad_sharing_input_fails_only_its_claim_and_leaves_the_gpus_alone() {
     assert!(fs.nvidia_smi().calls().is_empty(), "nvidia-smi never ran: {:?}", fs.nvidia_smi().calls());
     agent.stop().await;
 }
+
+/// Waits (bounded) until `f` holds.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..1500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[tokio::test]
+async fn an_mps_claims_daemon_outlives_a_kill_of_edra_is_restarted_when_it_dies_and_stops_at_unprepare_as_root() {
+    use crate::support::mps::{FakeMpsControl, is_root, start_time};
+    if !is_root() {
+        eprintln!("skipped: an MPS daemon's own mount namespace needs root");
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let fs = cluster.fs();
+    let claim = cluster.put_claim(
+        ClaimBuilder::new("default", "mps")
+            .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-0"))
+            .opaque_config(
+                "FromClaim",
+                &[],
+                DRIVER,
+                gpu_config(json!({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 30}})),
+            ),
+    );
+    let mut child = crate::support::agent::ChildAgent::start(&cluster, "").await;
+    prepare_ok(&mut child.v1().await, &claim).await;
+    let mps = fs.mps_control();
+    let calls = mps.calls();
+    assert!(calls[0].starts_with("-d CUDA_VISIBLE_DEVICES=GPU-"), "{calls:?}");
+    assert_eq!(calls[1..], ["get_server_list", "set_default_active_thread_percentage 30"]);
+    let dir = fs.mps_dir(&claim.uid);
+    let pid = FakeMpsControl::pid_in(&dir).expect("the daemon's pid file");
+    let started = start_time(pid).expect("the daemon runs");
+    assert!(dir.join(format!("shm/edra-mps-stand-in.{pid}")).exists(), "its /dev/shm is the claim's");
+    let spec = std::fs::read_to_string(fs.spec_file(&claim.uid)).unwrap();
+    let spec: Value = serde_json::from_str(&spec).unwrap();
+    let edits = &spec["devices"][0]["containerEdits"];
+    assert!(edits["env"].as_array().unwrap().contains(&json!("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps")), "{edits}");
+    let mounts: Vec<(&str, &str)> = edits["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["hostPath"].as_str().unwrap(), m["containerPath"].as_str().unwrap()))
+        .collect();
+    let (pipe, shm) = (dir.join("pipe").display().to_string(), dir.join("shm").display().to_string());
+    assert_eq!(mounts, [(pipe.as_str(), "/tmp/nvidia-mps"), (shm.as_str(), "/dev/shm")]);
+
+    // kill -9 of edra: the daemon keeps running, and the restarted edra adopts it.
+    child.kill().await;
+    assert_eq!(start_time(pid), Some(started), "the daemon outlives edra");
+    let child = crate::support::agent::ChildAgent::start(&cluster, "").await;
+    let mut v1 = child.v1().await;
+    prepare_ok(&mut v1, &claim).await;
+    assert_eq!(FakeMpsControl::pid_in(&dir), Some(pid), "adopted");
+    assert_eq!(start_time(pid), Some(started));
+    assert_eq!(mps.calls().iter().filter(|c| c.starts_with("-d")).count(), 1, "not started twice");
+
+    // The daemon dies: edra starts it again (same directories, limits again).
+    // SAFETY: kill(2) on the stand-in daemon this test's agent started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    eventually("the daemon runs again and has its limits", || {
+        let calls = mps.calls();
+        calls.iter().filter(|c| c.starts_with("-d")).count() == 2
+            && calls.last().is_some_and(|c| c == "set_default_active_thread_percentage 30")
+    })
+    .await;
+    let again = FakeMpsControl::pid_in(&dir).unwrap();
+    assert!(again != pid && start_time(again).is_some());
+    eventually("edra says it started the daemon again", || {
+        child.stderr().contains("the claim's MPS control daemon was not running; started it again")
+    })
+    .await;
+
+    unprepare_ok(&mut v1, &claim).await;
+    eventually("the daemon is gone", || start_time(again).is_none()).await;
+    assert!(!dir.exists(), "the daemon's directories are removed");
+    assert_eq!(mps.calls().last().unwrap(), "quit");
+    child.terminate().await;
+}

@@ -180,7 +180,18 @@ impl NodeFs {
         std::fs::create_dir_all(&boot).expect("create /proc");
         std::fs::write(boot.join("boot_id"), "7d0c1b7e-54cd-4e0e-9b39-0c8f5f0a3a11\n").expect("write boot_id");
         crate::support::nvidia_smi::FakeNvidiaSmi::install(&fs.nvidia_smi_path());
+        crate::support::mps::FakeMpsControl::install(&fs.root.join("driver/usr/bin/nvidia-cuda-mps-control"));
         fs
+    }
+
+    /// The node's stand-in `nvidia-cuda-mps-control` (where edra looks by default).
+    pub fn mps_control(&self) -> crate::support::mps::FakeMpsControl {
+        crate::support::mps::FakeMpsControl { path: self.root.join("driver/usr/bin/nvidia-cuda-mps-control") }
+    }
+
+    /// The directories of claim `uid`'s MPS daemon.
+    pub fn mps_dir(&self, uid: &str) -> PathBuf {
+        self.paths().runtime_dir.join("mps").join(uid)
     }
 
     /// Where edra finds `nvidia-smi` by default: under the driver root.
@@ -243,6 +254,7 @@ impl NodeFs {
              [kubernetes]\nkubeconfig = {kc}\n\
              {paths}\
              [plugin]\nshutdown_grace = \"2s\"\n\
+             [mps]\ncheck_interval = \"1s\"\n\
              [metrics]\naddress = \"\"\n\
              [mock]\n{mock}\n",
             kc = toml_path(kubeconfig),

@@ -16,7 +16,8 @@ pub fn paths_toml(paths: &Paths) -> String {
     format!(
         "[kubelet]\nroot_dir = {kubelet}\nplugins_dir = {plugins}\nregistry_dir = {registry}\n\
          [cdi]\nspec_dirs = [{spec_dirs}]\ndynamic_dir = {dynamic}\n\
-         [paths]\nstate_dir = {state}\ndriver_root = {driver}\ndev_root = {dev}\nproc_root = {proc}\nsys_root = {sys}\n",
+         [paths]\nstate_dir = {state}\ndriver_root = {driver}\ndev_root = {dev}\nproc_root = {proc}\nsys_root = {sys}\n\
+         runtime_dir = {runtime}\n",
         kubelet = toml_path(&paths.kubelet_root),
         plugins = toml_path(&paths.plugins_dir),
         registry = toml_path(&paths.registry_dir),
@@ -27,5 +28,6 @@ pub fn paths_toml(paths: &Paths) -> String {
         dev = toml_path(&paths.dev_root),
         proc = toml_path(&paths.proc_root),
         sys = toml_path(&paths.sys_root),
+        runtime = toml_path(&paths.runtime_dir),
     )
 }

@@ -6,6 +6,7 @@ pub mod apiserver;
 pub mod cc;
 pub mod kubelet;
 pub mod layout;
+pub mod mps;
 pub mod nvidia_smi;
 pub mod nvml;
 pub mod procfs;

@@ -1,0 +1,56 @@
+//! A stand-in for `nvidia-cuda-mps-control` (the script edra's unit tests use too): `-d`
+//! records its call and starts a daemon process that writes its pid file and runs until
+//! told to quit; without `-d` it is the control client. Every test node has one at
+//! `<driver root>/usr/bin/nvidia-cuda-mps-control`, where edra looks by default.
+
+use std::path::{Path, PathBuf};
+
+const SCRIPT: &str = include_str!("nvidia-cuda-mps-control.sh");
+
+/// The stand-in at a path.
+pub struct FakeMpsControl {
+    /// The script.
+    pub path: PathBuf,
+}
+
+/// A running process's start time (clock ticks after boot), from /proc.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Whether this process runs as root (an MPS daemon's mount namespace needs it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+impl FakeMpsControl {
+    /// Writes the script to `path` (parents created), atomically.
+    pub fn install(path: &Path) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = path.parent().expect("a directory for the MPS control");
+        std::fs::create_dir_all(dir).expect("create the fake MPS control's directory");
+        let tmp = dir.join(".nvidia-cuda-mps-control.tmp");
+        std::fs::write(&tmp, SCRIPT).expect("write the fake MPS control");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).expect("chmod the fake MPS control");
+        std::fs::rename(&tmp, path).expect("install the fake MPS control");
+        Self { path: path.to_path_buf() }
+    }
+
+    /// Every call so far, one line each.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path.parent().expect("a directory").join("mps.calls"))
+            .map(|s| s.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    /// The pid in daemon directory `dir`'s pid file, if any.
+    pub fn pid_in(dir: &Path) -> Option<u32> {
+        std::fs::read_to_string(dir.join("pipe/nvidia-cuda-mps-control.pid")).ok()?.trim().parse().ok()
+    }
+}
