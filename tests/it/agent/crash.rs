@@ -11,9 +11,10 @@ use edra::plugin::ClaimRef;
 use edra::state::Phase;
 use edra::state::Store;
 
-use crate::support::agent::{
-    ChildAgent, Cluster, DRIVER, GPUS, NODE, NodeFs, WAIT, prepare, prepare_ok, unprepare, unprepare_ok,
-};
+use crate::support::agent::{ChildAgent, Cluster, GPUS, NodeFs, WAIT, prepare, prepare_ok, unprepare, unprepare_ok};
+#[cfg(debug_assertions)]
+use crate::support::agent::{DRIVER, NODE};
+#[cfg(debug_assertions)]
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
 
 /// Opens the state of a stopped agent and asserts it holds no claims and no devices.
@@ -65,6 +66,7 @@ fn phase_of(fs: &NodeFs, uid: &str) -> Option<Phase> {
 #[cfg(debug_assertions)]
 type Left = (Option<Phase>, bool);
 
+#[cfg(debug_assertions)]
 /// How the crash tests' claim shares its GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sharing {
@@ -75,6 +77,7 @@ enum Sharing {
     Mps,
 }
 
+#[cfg(debug_assertions)]
 /// A claim for gpu-0, shared as `sharing` says.
 fn gpu0_claim(cluster: &Cluster, name: &str, sharing: Sharing) -> ClaimRef {
     let strategy = match sharing {
@@ -94,6 +97,7 @@ fn gpu0_claim(cluster: &Cluster, name: &str, sharing: Sharing) -> ClaimRef {
     )
 }
 
+#[cfg(debug_assertions)]
 /// After a claim converged: the last thing done to a time-sliced GPU reset its interval,
 /// and no MPS daemon is left (every daemon the agent started has quit).
 fn assert_gpu_put_back(cluster: &Cluster, sharing: Sharing) {
@@ -111,6 +115,7 @@ fn assert_gpu_put_back(cluster: &Cluster, sharing: Sharing) {
     assert_interval_reset(cluster, sharing == Sharing::TimeSliced);
 }
 
+#[cfg(debug_assertions)]
 fn assert_interval_reset(cluster: &Cluster, time_sliced: bool) {
     let calls = cluster.fs().nvidia_smi().calls();
     if time_sliced {
