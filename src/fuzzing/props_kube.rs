@@ -289,14 +289,18 @@ fn gpu_config() -> impl Strategy<Value = GpuConfig> {
         &[Interval::Default, Interval::Short, Interval::Medium, Interval::Long][..],
     ));
     let time_slicing = prop::option::of(interval.prop_map(|interval| TimeSlicingConfig { interval }));
-    let mps =
-        prop::option::of((prop::option::of(1u32..=100), prop::option::of("[0-9]{1,4}(Mi|Gi)?")).prop_map(|(p, l)| {
-            MpsConfig {
+    let mps = prop::option::of(
+        (
+            prop::option::of(1u32..=100),
+            prop::option::of("[1-9][0-9]{0,3}(Mi|Gi)"),
+            prop::option::of(prop::collection::btree_map("gpu-[0-9]|GPU-[0-9a-f]{8}", "[1-9][0-9]{0,3}(Mi|Gi)", 0..4)),
+        )
+            .prop_map(|(p, l, per_device)| MpsConfig {
                 default_active_thread_percentage: p,
                 default_pinned_device_memory_limit: l,
-                default_per_device_pinned_memory_limit: None,
-            }
-        }));
+                default_per_device_pinned_memory_limit: per_device,
+            }),
+    );
     prop_oneof![
         Just(Sharing::default()),
         time_slicing.prop_map(|t| Sharing { strategy: Sharing_::TimeSlicing, time_slicing: t, mps: None }),
