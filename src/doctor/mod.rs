@@ -2,7 +2,7 @@
 //!
 //! Each check is a function returning a [`CheckResult`] (pass, warn, fail or skip, a
 //! one-line detail and a one-line fix); every path it looks at comes from the
-//! configuration. Host checks ([`host`], [`runtime`], [`state`]) read the filesystem and
+//! configuration. Host checks ([`host`], [`runtime`], [`state`], [`mps`]) read the filesystem and
 //! the device backend; cluster checks ([`cluster`]) talk to the API server, each bounded by
 //! [`NETWORK_TIMEOUT`] so the doctor never hangs. Nothing here changes the node or the
 //! cluster, except that opening an idle state database takes (and releases) its lock and
@@ -13,6 +13,7 @@
 
 pub mod cluster;
 pub mod host;
+pub mod mps;
 mod render;
 pub mod runtime;
 pub mod state;
@@ -129,6 +130,7 @@ pub async fn run(cfg: &Config) -> Report {
     let specs = host::edra_spec_uids(&cfg.paths.cdi_dynamic_dir, &cfg.driver_name);
     checks.push(state::state_dir(&cfg.paths.state_dir, &cfg.paths.proc_root, &specs));
     checks.push(host::registration(cfg));
+    checks.push(mps::check(cfg));
     Report { checks }
 }
 

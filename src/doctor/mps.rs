@@ -1,0 +1,161 @@
+//! Check: the sharing tools and the MPS control daemons. `nvidia-smi` (TimeSlicing) and
+//! `nvidia-cuda-mps-control` (MPS) must exist for claims that ask for those strategies;
+//! every daemon directory under `<paths.runtime_dir>/mps/` is listed with whether the
+//! process its pid file names runs. Read from the runtime directory, not the state store,
+//! which a running edra holds locked.
+
+use std::path::{Path, PathBuf};
+
+use super::{CheckResult, Status};
+use crate::config::Config;
+use crate::gpu::mps::{self, PID_FILE, process_start};
+
+const NAME: &str = "sharing";
+
+/// One daemon directory and what its pid file says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Daemon {
+    /// The claim's UID (the directory's name).
+    pub claim: String,
+    /// The pid in its pid file.
+    pub pid: Option<u32>,
+    /// Whether that pid runs (and is not a zombie).
+    pub running: bool,
+}
+
+/// The daemon directories under `runtime_dir/mps`, by name.
+pub fn daemons(runtime_dir: &Path, proc_root: &Path) -> Vec<Daemon> {
+    let Ok(entries) = std::fs::read_dir(runtime_dir.join("mps")) else { return Vec::new() };
+    let mut out: Vec<Daemon> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| {
+            let pid = std::fs::read_to_string(e.path().join("pipe").join(PID_FILE))
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok());
+            let running = pid.is_some_and(|p| matches!(process_start(proc_root, p), Some((_, false))));
+            Daemon { claim: e.file_name().to_string_lossy().into_owned(), pid, running }
+        })
+        .collect();
+    out.sort_by(|a, b| a.claim.cmp(&b.claim));
+    out
+}
+
+fn executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The check.
+pub fn check(cfg: &Config) -> CheckResult {
+    let paths = &cfg.paths;
+    let smi = paths
+        .nvidia_smi
+        .clone()
+        .unwrap_or_else(|| paths.driver_root.join(crate::gpu::timeslice::DEFAULT_RELATIVE_PATH));
+    let control = paths.mps_control.clone().unwrap_or_else(|| paths.driver_root.join(mps::DEFAULT_RELATIVE_PATH));
+    sharing(&smi, &control, &paths.runtime_dir, Path::new("/proc"))
+}
+
+/// The check on explicit paths.
+pub fn sharing(smi: &Path, control: &Path, runtime_dir: &Path, proc_root: &Path) -> CheckResult {
+    let missing: Vec<(PathBuf, &str, &str)> = [
+        (smi.to_path_buf(), crate::gpu::timeslice::CONFIG_KEY, "TimeSlicing"),
+        (control.to_path_buf(), mps::CONFIG_KEY, "MPS"),
+    ]
+    .into_iter()
+    .filter(|(p, ..)| !executable(p))
+    .collect();
+    let found = daemons(runtime_dir, proc_root);
+    let listed: Vec<String> = found
+        .iter()
+        .map(|d| match (d.pid, d.running) {
+            (Some(pid), true) => format!("claim {}: pid {pid} running", d.claim),
+            (Some(pid), false) => format!("claim {}: not running (its pid file names {pid})", d.claim),
+            (None, _) => format!("claim {}: not running (no pid file)", d.claim),
+        })
+        .collect();
+    let daemons = match listed.len() {
+        0 => "no MPS daemons".to_string(),
+        n => format!("{n} MPS daemon{}: {}", if n == 1 { "" } else { "s" }, listed.join("; ")),
+    };
+    if let Some((path, key, strategy)) = missing.first() {
+        let names: Vec<String> = missing.iter().map(|(p, _, s)| format!("{s}: {} missing", p.display())).collect();
+        return CheckResult::new(
+            NAME,
+            Status::Warn,
+            format!("{}; {daemons}", names.join(", ")),
+            format!(
+                "claims asking for {strategy} will fail: install the NVIDIA driver's utilities or set {key} (now {})",
+                path.display()
+            ),
+        );
+    }
+    let dead: Vec<&Daemon> = found.iter().filter(|d| !d.running).collect();
+    if let Some(d) = dead.first() {
+        let log = runtime_dir.join("mps").join(&d.claim).join("log").join(mps::CONTROL_LOG);
+        return CheckResult::new(
+            NAME,
+            Status::Warn,
+            daemons,
+            format!(
+                "a running edra starts a prepared claim's daemon again within mps.check_interval and removes \
+                 directories no claim owns; if one keeps dying, read {}",
+                log.display()
+            ),
+        );
+    }
+    CheckResult::pass(NAME, format!("nvidia-smi and nvidia-cuda-mps-control found; {daemons}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exe(p: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
+    fn tools_and_daemons_are_reported() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (smi, control, run) =
+            (tmp.path().join("bin/nvidia-smi"), tmp.path().join("bin/mps"), tmp.path().join("run"));
+        let r = sharing(&smi, &control, &run, Path::new("/proc"));
+        assert_eq!(r.status, Status::Warn);
+        assert!(r.detail.contains("TimeSlicing: ") && r.detail.contains("MPS: "), "{}", r.detail);
+        assert!(r.fix.contains("paths.nvidia_smi"), "{}", r.fix);
+        exe(&smi);
+        let r = sharing(&smi, &control, &run, Path::new("/proc"));
+        assert!(r.fix.contains("claims asking for MPS will fail") && r.fix.contains("paths.mps_control"), "{}", r.fix);
+        exe(&control);
+        let r = sharing(&smi, &control, &run, Path::new("/proc"));
+        assert_eq!(
+            (r.status, r.detail.as_str()),
+            (Status::Pass, "nvidia-smi and nvidia-cuda-mps-control found; no MPS daemons")
+        );
+
+        // A live daemon (this process stands in for it) and a dead one.
+        let live = run.join("mps/aaaa/pipe");
+        std::fs::create_dir_all(&live).unwrap();
+        std::fs::write(live.join(PID_FILE), format!("{}\n", std::process::id())).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = child.id();
+        child.wait().unwrap();
+        let dead = run.join("mps/bbbb/pipe");
+        std::fs::create_dir_all(&dead).unwrap();
+        std::fs::write(dead.join(PID_FILE), format!("{dead_pid}\n")).unwrap();
+        std::fs::create_dir_all(run.join("mps/cccc")).unwrap();
+        let r = sharing(&smi, &control, &run, Path::new("/proc"));
+        assert_eq!(r.status, Status::Warn);
+        let expected = format!(
+            "3 MPS daemons: claim aaaa: pid {} running; claim bbbb: not running (its pid file names {dead_pid}); claim cccc: not running (no pid file)",
+            std::process::id()
+        );
+        assert_eq!(r.detail, expected);
+        assert!(r.fix.contains(&run.join("mps/bbbb/log/control.log").display().to_string()), "{}", r.fix);
+    }
+}
