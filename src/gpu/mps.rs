@@ -42,7 +42,7 @@ const LOG_TAIL_BYTES: u64 = 4096;
 /// Longest accepted daemon ID (it names a directory).
 const MAX_ID_LEN: usize = 100;
 /// Between readiness or exit checks.
-const POLL: Duration = Duration::from_millis(20);
+const POLL: Duration = Duration::from_millis(5);
 
 /// Where and how daemons run.
 #[derive(Debug, Clone, PartialEq, Eq)]
