@@ -100,7 +100,9 @@ async fn mps() {
         edra::gpu::mps::MpsDaemons::stop(&sup, &spec.id, Some(&daemon)).expect("the stand-in daemon stops");
         stop_alone.push(t.elapsed());
     }
-    println!("## MPS ({MPS_CLAIMS} claims, each prepared, prepared again, unprepared; stand-in daemon; rate limit lifted)\n");
+    println!(
+        "## MPS ({MPS_CLAIMS} claims, each prepared, prepared again, unprepared; stand-in daemon; rate limit lifted)\n"
+    );
     println!("{}", latency_header());
     println!("{}", prep.row("prepare, MPS (daemon start)"));
     println!("{}", repeat.row("prepare again (from state)"));
@@ -388,6 +390,7 @@ async fn breakdown(sample: Sample) {
                 cdi_ids: vec![format!("k8s.{}/claim={uid}-gpu-{}", common::DRIVER, i % 8)],
                 admin_access: false,
                 share_id: None,
+                share: None,
                 config: Default::default(),
             }],
             cdi_spec_path: cdi_dir.join(format!("{uid}.json")),

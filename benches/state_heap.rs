@@ -71,6 +71,7 @@ fn record(i: usize) -> ClaimRecord {
             cdi_ids: vec![format!("k8s.gpu.edra.dev/claim={uid}-{device}")],
             admin_access: false,
             share_id: None,
+            share: None,
             config: GpuConfig::default(),
         }],
         cdi_spec_path: format!("/var/run/cdi/k8s.gpu.edra.dev-claim_{uid}.json").into(),

@@ -173,6 +173,7 @@ pub async fn run_signalling(
         cluster.clone(),
         config.driver_name.clone(),
         config.node_name.clone(),
+        config.sharing.clone(),
         inventory_rx,
         status_tx,
         shutdown.clone(),
@@ -359,6 +360,7 @@ async fn publish(
     cluster: Arc<Cluster>,
     driver: String,
     node: String,
+    sharing: crate::sharing::SharingSettings,
     inventory: watch::Receiver<Arc<Inventory>>,
     status: watch::Sender<PublishStatus>,
     mut shutdown: watch::Receiver<bool>,
@@ -397,7 +399,10 @@ async fn publish(
     };
     info!(api = api.version(), node = %node, "publishing ResourceSlices");
     let identity = NodeIdentity { name: node, uid };
-    Publisher::new(cluster.client().clone(), api, driver, identity, inventory, status).run(shutdown).await;
+    Publisher::new(cluster.client().clone(), api, driver, identity, inventory, status)
+        .with_sharing(sharing)
+        .run(shutdown)
+        .await;
 }
 
 /// Logs when the agent becomes ready (registered with the kubelet and slices published) and

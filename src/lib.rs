@@ -37,6 +37,7 @@ pub mod malloc;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;
+pub mod sharing;
 pub mod state;
 pub mod telemetry;
 pub mod util;

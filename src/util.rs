@@ -79,3 +79,32 @@ pub fn write_atomically(
         f.sync_all()
     })
 }
+
+/// `v` as the API server's canonical Quantity text, which it returns unchanged: a
+/// multiple of 1024 (from 1024 up) in binary-SI form with the largest exact suffix
+/// (`85899345920` → `80Gi`), anything else in decimal-SI form with the largest exact
+/// power-of-1000 suffix (`108` → `108`, `2000` → `2k`). The server keeps the format it
+/// parsed but rewrites the number canonically, so a plain integer is not always returned
+/// unchanged (`85000000000` comes back as `85G`); writing the canonical text keeps a
+/// read-back slice equal to the desired one.
+pub fn quantity(v: u64) -> String {
+    if v >= 1024 && v.is_multiple_of(1024) {
+        let mut n = v;
+        let mut i = 0;
+        while n.is_multiple_of(1024) && i < 6 {
+            n /= 1024;
+            i += 1;
+        }
+        return format!("{n}{}", ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][i]);
+    }
+    if v == 0 {
+        return "0".into();
+    }
+    let mut n = v;
+    let mut i = 0;
+    while n.is_multiple_of(1000) && i < 6 {
+        n /= 1000;
+        i += 1;
+    }
+    format!("{n}{}", ["", "k", "M", "G", "T", "P", "E"][i])
+}

@@ -39,6 +39,10 @@ pub const BURST: (u64, u64) = (1, 10_000);
 pub const MOCK_GPUS: (u64, u64) = (0, 64);
 /// `mock.multiprocessors`: more than any GPU has, far from overflowing MIG arithmetic.
 pub const MOCK_MULTIPROCESSORS: (u64, u64) = (1, 10_000);
+/// `sharing.memory_step`: 1 MiB to 1 TiB.
+pub const SHARING_MEMORY_STEP: (u64, u64) = (1 << 20, 1 << 40);
+/// `sharing.replicas`: a replica per GPU is no sharing; more than 64 do not fit one slice.
+pub const SHARING_REPLICAS: (u64, u64) = (2, 64);
 /// `mock.memory`: 1 MiB to 1 PiB (1024Ti).
 pub const MOCK_MEMORY: (u64, u64) = (1 << 20, 1 << 50);
 

@@ -9,6 +9,7 @@
 
 pub mod bounds;
 mod mock;
+mod sharing;
 pub mod source;
 
 use std::path::{Path, PathBuf};
@@ -231,6 +232,8 @@ pub struct Config {
     pub mock: MockSettings,
     /// How MPS control daemons are started, checked and stopped.
     pub mps: MpsTimings,
+    /// How full GPUs are offered: whole, as shares, or as replicas.
+    pub sharing: crate::sharing::SharingSettings,
 }
 
 /// `[mps]`: how MPS control daemons are started, checked and stopped.
@@ -413,6 +416,7 @@ impl Config {
                 bounds::duration_in(bounds::MPS_CHECK_INTERVAL),
             ),
         };
+        let sharing = sharing::read_sharing(r);
         Config {
             file,
             node_name,
@@ -429,6 +433,7 @@ impl Config {
             metrics,
             mock,
             mps,
+            sharing,
         }
     }
 }

@@ -87,6 +87,7 @@ pub fn gpu_device(g: &GpuFacts, dev_root: &Path) -> Device {
         attributes,
         capacity: capacity(g.memory, g.multiprocessors),
         device_nodes: vec![gpu_node(dev_root, g.minor)],
+        shared: None,
     };
     validate_device(&mut dev);
     dev
@@ -118,6 +119,7 @@ pub fn mig_device(parent: &GpuFacts, m: &MigFacts, dev_root: &Path, cap_nodes: V
         attributes,
         capacity: capacity(m.memory, Some(m.multiprocessors)),
         device_nodes,
+        shared: None,
     };
     validate_device(&mut dev);
     dev

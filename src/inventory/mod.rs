@@ -80,6 +80,9 @@ pub struct Device {
     /// (e.g. `<dev root>/nvidia0`, MIG capability nodes). Control nodes shared by all GPUs
     /// (`nvidiactl`, `nvidia-uvm`, ...) are not listed here.
     pub device_nodes: Vec<PathBuf>,
+    /// Published as shareable (consumable capacity) with this memory policy; set by
+    /// [`crate::sharing`], never by a backend.
+    pub shared: Option<crate::sharing::SharePolicy>,
 }
 
 /// Everything a backend discovered.

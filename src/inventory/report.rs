@@ -60,7 +60,9 @@ pub fn run(cfg: &Config, format: Format, out: &mut dyn Write) -> Result<(), Repo
 /// The text `edra inventory` prints for `inv`.
 pub fn render(cfg: &Config, inv: &Inventory, format: Format) -> Result<String, ReportError> {
     let node = NodeIdentity { name: cfg.node_name.clone(), uid: None };
-    let slices: Vec<_> = desired_slices(inv, &node, &cfg.driver_name, 1).into_iter().map(with_stable_name).collect();
+    let published = cfg.sharing.published(inv, true);
+    let slices: Vec<_> =
+        desired_slices(&published, &node, &cfg.driver_name, 1).into_iter().map(with_stable_name).collect();
     let list = json!({ "apiVersion": "v1", "kind": "List", "items": slices });
     match format {
         Format::Json => serde_json::to_string_pretty(&list)

@@ -172,6 +172,8 @@ pub struct PrepareSettings {
     pub nvidia_smi: NvidiaSmi,
     /// Where and how MPS control daemons run.
     pub mps: MpsSettings,
+    /// How full GPUs are offered (which replica names exist).
+    pub sharing: crate::sharing::SharingSettings,
 }
 
 /// The folder of the driver root's NVML library, for tools the driver root ships, when the
@@ -216,6 +218,7 @@ impl PrepareSettings {
                 quit_grace: config.mps.quit_grace,
                 library_dir,
             },
+            sharing: config.sharing.clone(),
         }
     }
 
@@ -302,6 +305,46 @@ pub enum PrepareError {
     /// The claim's MPS daemon could not be started or stopped.
     #[error("cannot run the claim's MPS control daemon")]
     Mps(#[source] crate::gpu::mps::MpsError),
+    /// An allocation result's share ID cannot be used.
+    #[error(
+        "the allocation of device {device} carries share ID {share_id:?}, which is not a lowercase RFC 4122 UUID as \
+         the scheduler writes; delete the pod so the claim is allocated again"
+    )]
+    InvalidShareId {
+        /// The device.
+        device: String,
+        /// The share ID as found.
+        share_id: String,
+    },
+    /// An allocation result's consumed memory cannot be used.
+    #[error(
+        "the allocation of device {device} says it consumes {found:?} of memory, which is not a size edra \
+         understands or is more than the GPU's {gpu_memory}; delete the pod so the claim is allocated again"
+    )]
+    InvalidConsumedMemory {
+        /// The device.
+        device: String,
+        /// The quantity as found.
+        found: String,
+        /// The GPU's memory, as a quantity.
+        gpu_memory: String,
+    },
+    /// A sharing strategy asked for on a share of a GPU.
+    #[error(
+        "sharing strategy {strategy} (request {request}) cannot apply to {device}, a share of GPU {gpu} that other \
+         claims may use too: compute mode, time-slice and MPS daemon are settings of the whole GPU. Use Exclusive \
+         for shares, or request the whole GPU (no capacity request) to choose its strategy"
+    )]
+    SharingOnShare {
+        /// The strategy asked for.
+        strategy: &'static str,
+        /// The request.
+        request: String,
+        /// The device as allocated.
+        device: String,
+        /// The GPU.
+        gpu: String,
+    },
     /// TimeSlicing asked for on a MIG device.
     #[error(
         "sharing strategy TimeSlicing (request {request}) cannot apply to MIG device {device}: the time-slice is a \
@@ -501,9 +544,11 @@ impl Preparer {
         let mut devices = Vec::new();
         for d in &record.devices {
             let dev =
-                inventory.device(&d.device).ok_or_else(|| PrepareError::UnknownDevice { device: d.device.clone() })?;
-            if !devices.iter().any(|x: &&crate::inventory::Device| x.name == dev.name) {
-                devices.push(dev);
+                inventory.device(d.gpu()).ok_or_else(|| PrepareError::UnknownDevice { device: d.device.clone() })?;
+            // A replica or a share is the GPU under its own CDI name.
+            let name = d.cdi_device();
+            if !devices.iter().any(|x: &crate::inventory::Device| x.name == name) {
+                devices.push(crate::inventory::Device { name, ..dev.clone() });
             }
         }
         let s = &self.inner.settings;
@@ -516,6 +561,7 @@ impl Preparer {
             hook_binary: &s.hook_binary,
             host_driver_root: s.host_driver_root.as_deref(),
         };
+        let devices: Vec<&crate::inventory::Device> = devices.iter().collect();
         let mut spec = cdi::build_spec(&layout, &record.uid, &devices, &files);
         mps::add_edits(&mut spec, record, &s.mps);
         let problems = cdi_validate::validate(&spec);

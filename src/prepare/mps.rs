@@ -68,7 +68,7 @@ pub(super) fn add_edits(spec: &mut cdi::Spec, record: &ClaimRecord, settings: &m
         .devices
         .iter()
         .filter(|d| d.config.sharing.strategy == crate::device_config::Strategy::Mps)
-        .map(|d| cdi::device_name(&record.uid, &d.device))
+        .map(|d| cdi::device_name(&record.uid, &d.cdi_device()))
         .collect();
     let mount = |host: &Path, inside: &str| Mount {
         host_path: host.display().to_string(),

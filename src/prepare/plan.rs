@@ -1,7 +1,7 @@
 //! The pure part of preparing a claim: from a fetched ResourceClaim and the inventory to
 //! the device records to store, or the reason the claim cannot be prepared here.
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 
 use super::PrepareError;
 use super::config::{self, Strategy};
@@ -9,7 +9,8 @@ use super::{PrepareSettings, cdi};
 use crate::device_config::Interval;
 use crate::inventory::{DeviceKind, Inventory};
 use crate::plugin::handler::ClaimRef;
-use crate::state::DeviceRecord;
+use crate::sharing::Resolved;
+use crate::state::{DeviceRecord, ShareRecord};
 
 /// Checks the claim is the one the kubelet means and allocated, takes the results of this
 /// driver on this node's pool, checks the devices exist, and resolves their configs.
@@ -39,47 +40,81 @@ pub fn plan(
     if results.is_empty() {
         return Err(PrepareError::NoDevices { driver: settings.driver.clone(), pool: settings.node.clone() });
     }
+    let mut resolved = Vec::with_capacity(results.len());
     for r in &results {
-        if inventory.device(&r.device).is_none() {
-            return Err(PrepareError::UnknownDevice { device: r.device.clone() });
-        }
+        let found = settings.sharing.resolve(inventory, &r.device);
+        resolved.push(found.ok_or_else(|| PrepareError::UnknownDevice { device: r.device.clone() })?);
     }
     let requests: Vec<&str> = results.iter().map(|r| r.request.as_str()).collect();
     let configs = config::resolve(&settings.driver, claim, &requests).map_err(PrepareError::Config)?;
     let vendor = settings.cdi_vendor();
     let mut out = Vec::with_capacity(results.len());
-    for (r, cfg) in results.into_iter().zip(configs) {
-        match cfg.sharing.strategy {
-            Strategy::Exclusive => {}
-            Strategy::TimeSlicing => {
-                if let Some(DeviceKind::Mig(_)) = inventory.device(&r.device).map(|d| &d.kind) {
-                    return Err(PrepareError::TimeSlicingOnMig {
-                        request: r.request.clone(),
-                        device: r.device.clone(),
-                    });
-                }
-            }
-            Strategy::Mps => {}
+    for ((r, found), cfg) in results.into_iter().zip(resolved).zip(configs) {
+        let share = share_of(r, &found)?;
+        let record = DeviceRecord {
+            request: r.request.clone(),
+            request_names: vec![config::base_request(&r.request).to_string()],
+            device: r.device.clone(),
+            pool: r.pool.clone(),
+            cdi_ids: Vec::new(),
+            admin_access: r.admin_access.unwrap_or(false),
+            share_id: r.share_id.clone(),
+            config: cfg,
+            share,
+        };
+        let strategy = record.config.sharing.strategy;
+        if strategy != Strategy::Exclusive && record.is_partial_share() {
+            return Err(PrepareError::SharingOnShare {
+                strategy: match strategy {
+                    Strategy::TimeSlicing => "TimeSlicing",
+                    _ => "MPS",
+                },
+                request: r.request.clone(),
+                device: r.device.clone(),
+                gpu: found.gpu.name.clone(),
+            });
         }
-        if let Some(other) = out.iter().find(|d: &&DeviceRecord| d.device == r.device && d.config != cfg) {
+        if strategy == Strategy::TimeSlicing && matches!(found.gpu.kind, DeviceKind::Mig(_)) {
+            return Err(PrepareError::TimeSlicingOnMig { request: r.request.clone(), device: r.device.clone() });
+        }
+        if let Some(other) = out.iter().find(|d: &&DeviceRecord| d.gpu() == record.gpu() && d.config != record.config) {
             return Err(PrepareError::ConflictingConfigs {
                 device: r.device.clone(),
                 first: other.request.clone(),
                 second: r.request.clone(),
             });
         }
-        out.push(DeviceRecord {
-            request: r.request.clone(),
-            request_names: vec![config::base_request(&r.request).to_string()],
-            device: r.device.clone(),
-            pool: r.pool.clone(),
-            cdi_ids: vec![cdi::device_id(&vendor, &claim_ref.uid, &r.device)],
-            admin_access: r.admin_access.unwrap_or(false),
-            share_id: r.share_id.clone(),
-            config: cfg,
-        });
+        let cdi_ids = vec![cdi::device_id(&vendor, &claim_ref.uid, &record.cdi_device())];
+        out.push(DeviceRecord { cdi_ids, ..record });
     }
     Ok(out)
+}
+
+/// The share of its GPU an allocation result takes: for a consumable-capacity allocation
+/// (it carries a share ID) the consumed memory, for a replica its part of the memory.
+fn share_of(r: &DeviceRequestAllocationResult, found: &Resolved) -> Result<Option<ShareRecord>, PrepareError> {
+    let gpu_memory = found.gpu.capacity.get("memory").copied().unwrap_or(0);
+    if let Some(replica) = &found.replica {
+        let memory = replica.capacity.get("memory").copied().unwrap_or(0);
+        return Ok(Some(ShareRecord { gpu: found.gpu.name.clone(), memory, gpu_memory }));
+    }
+    let Some(id) = &r.share_id else { return Ok(None) };
+    if !cdi::is_valid_uid(id) {
+        return Err(PrepareError::InvalidShareId { device: r.device.clone(), share_id: id.clone() });
+    }
+    // Every capacity of the device is listed (0 included); without one, the share counts as
+    // the whole GPU.
+    let memory = match r.consumed_capacity.as_ref().and_then(|c| c.get("memory")) {
+        None => gpu_memory,
+        Some(q) => crate::config::source::parse_bytes(&q.0).ok().filter(|m| *m <= gpu_memory).ok_or_else(|| {
+            PrepareError::InvalidConsumedMemory {
+                device: r.device.clone(),
+                found: q.0.chars().take(64).collect(),
+                gpu_memory: crate::publish::desired::quantity(gpu_memory),
+            }
+        })?,
+    };
+    Ok(Some(ShareRecord { gpu: found.gpu.name.clone(), memory, gpu_memory }))
 }
 
 /// A full GPU a claim time-slices.
@@ -97,12 +132,12 @@ pub struct TimeSlicedGpu {
 pub fn timeslicing_gpus(devices: &[DeviceRecord], inventory: &Inventory) -> Vec<TimeSlicedGpu> {
     let mut out: Vec<TimeSlicedGpu> = Vec::new();
     for d in devices.iter().filter(|d| d.config.sharing.strategy == Strategy::TimeSlicing) {
-        let Some(dev) = inventory.device(&d.device).filter(|dev| dev.kind == DeviceKind::Gpu) else { continue };
-        if out.iter().any(|g| g.device == d.device) {
+        let Some(dev) = inventory.device(d.gpu()).filter(|dev| dev.kind == DeviceKind::Gpu) else { continue };
+        if out.iter().any(|g| g.device == d.gpu()) {
             continue;
         }
         let interval = d.config.sharing.time_slicing.as_ref().and_then(|t| t.interval).unwrap_or_default();
-        out.push(TimeSlicedGpu { device: d.device.clone(), uuid: dev.uuid.clone(), interval });
+        out.push(TimeSlicedGpu { device: d.gpu().to_string(), uuid: dev.uuid.clone(), interval });
     }
     out
 }
@@ -139,8 +174,7 @@ pub fn mps_plan(devices: &[DeviceRecord], inventory: &Inventory) -> Result<Optio
     };
     let mut names = Vec::new();
     for d in &mps {
-        let dev =
-            inventory.device(&d.device).ok_or_else(|| PrepareError::UnknownDevice { device: d.device.clone() })?;
+        let dev = inventory.device(d.gpu()).ok_or_else(|| PrepareError::UnknownDevice { device: d.device.clone() })?;
         if plan.gpus.contains(&dev.uuid) {
             continue;
         }

@@ -71,6 +71,7 @@ fn gpu(minor: u32, dev_root: &Path) -> Device {
         attributes: Default::default(),
         capacity: Default::default(),
         device_nodes: vec![dev_root.join(format!("nvidia{minor}"))],
+        shared: None,
     }
 }
 
@@ -134,6 +135,12 @@ impl Fixture {
                 ready_timeout: std::time::Duration::from_secs(20),
                 quit_grace: std::time::Duration::from_secs(10),
                 library_dir: None,
+            },
+            sharing: crate::sharing::SharingSettings {
+                mode: crate::sharing::SharingMode::Replicas,
+                gpus: crate::sharing::GpuSelection::Listed(vec!["gpu-3".into()]),
+                replicas: 4,
+                ..crate::sharing::SharingSettings::default()
             },
         };
         let store = open_when_unlocked(&root.join("state"));
@@ -391,6 +398,8 @@ mod cancel;
 mod mps_claims;
 #[path = "tests_recovery.rs"]
 mod recovery;
+#[path = "tests_shares.rs"]
+mod shares;
 #[path = "tests_sharing.rs"]
 mod sharing;
 #[path = "tests_cdi.rs"]

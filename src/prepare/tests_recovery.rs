@@ -25,6 +25,7 @@ fn started_record(f: &Fixture, uid: &str, device: &str) -> ClaimRecord {
             cdi_ids: vec![cdi::device_id("k8s.gpu.edra.dev", uid, device)],
             admin_access: false,
             share_id: None,
+            share: None,
             config: Default::default(),
         }],
         cdi_spec_path: spec_path(f, uid),

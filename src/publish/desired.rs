@@ -14,7 +14,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Device as ApiDevice, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device as ApiDevice, DeviceAttribute, DeviceCapacity,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -180,15 +181,28 @@ fn node_owner(name: &str, uid: &str) -> OwnerReference {
 pub fn api_device(d: &Device) -> ApiDevice {
     let attributes: BTreeMap<String, DeviceAttribute> =
         d.attributes.iter().map(|(k, v)| (k.clone(), api_attribute(v))).collect();
+    let policy = |k: &str| {
+        let p = d.shared.filter(|_| k == "memory")?;
+        Some(CapacityRequestPolicy {
+            default: Some(Quantity(quantity(p.default))),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: Quantity(quantity(p.step)),
+                max: None,
+                step: Some(Quantity(quantity(p.step))),
+            }),
+            valid_values: None,
+        })
+    };
     let capacity: BTreeMap<String, DeviceCapacity> = d
         .capacity
         .iter()
-        .map(|(k, v)| (k.clone(), DeviceCapacity { value: Quantity(quantity(*v)), request_policy: None }))
+        .map(|(k, v)| (k.clone(), DeviceCapacity { value: Quantity(quantity(*v)), request_policy: policy(k) }))
         .collect();
     ApiDevice {
         name: d.name.clone(),
         attributes: (!attributes.is_empty()).then_some(attributes),
         capacity: (!capacity.is_empty()).then_some(capacity),
+        allow_multiple_allocations: d.shared.map(|_| true),
         ..ApiDevice::default()
     }
 }
@@ -202,34 +216,7 @@ fn api_attribute(v: &AttributeValue) -> DeviceAttribute {
     }
 }
 
-/// `v` as the API server's canonical Quantity text, which it returns unchanged: a
-/// multiple of 1024 (from 1024 up) in binary-SI form with the largest exact suffix
-/// (`85899345920` → `80Gi`), anything else in decimal-SI form with the largest exact
-/// power-of-1000 suffix (`108` → `108`, `2000` → `2k`). The server keeps the format it
-/// parsed but rewrites the number canonically, so a plain integer is not always returned
-/// unchanged (`85000000000` comes back as `85G`); writing the canonical text keeps a
-/// read-back slice equal to the desired one.
-pub fn quantity(v: u64) -> String {
-    if v >= 1024 && v.is_multiple_of(1024) {
-        let mut n = v;
-        let mut i = 0;
-        while n.is_multiple_of(1024) && i < 6 {
-            n /= 1024;
-            i += 1;
-        }
-        return format!("{n}{}", ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][i]);
-    }
-    if v == 0 {
-        return "0".into();
-    }
-    let mut n = v;
-    let mut i = 0;
-    while n.is_multiple_of(1000) && i < 6 {
-        n /= 1000;
-        i += 1;
-    }
-    format!("{n}{}", ["", "k", "M", "G", "T", "P", "E"][i])
-}
+pub use crate::util::quantity;
 
 #[cfg(test)]
 mod tests;

@@ -24,6 +24,7 @@ use super::plan::{Plan, plan};
 use super::reconcile::PublishStatus;
 use crate::inventory::Inventory;
 use crate::kube::{self, backoff::Backoff, watcher};
+use crate::sharing::{Fallback, SharingMode, SharingSettings};
 use crate::util::error_chain;
 
 /// How long changes are collected before reconciling, so a burst (a kubelet wiping the
@@ -117,6 +118,8 @@ pub struct Machine {
     writes: u64,
     backoff: Backoff,
     report: Option<PublishStatus>,
+    sharing: SharingSettings,
+    capacity_supported: bool,
 }
 
 impl Machine {
@@ -132,7 +135,25 @@ impl Machine {
             writes: 0,
             backoff: Backoff::new(RETRY_BASE, RETRY_MAX),
             report: None,
+            sharing: SharingSettings { mode: SharingMode::Exclusive, ..SharingSettings::default() },
+            capacity_supported: true,
         }
+    }
+
+    /// Publishes full GPUs as `sharing` says (the default is every GPU exclusive).
+    pub fn with_sharing(mut self, sharing: SharingSettings) -> Self {
+        self.sharing = sharing;
+        self
+    }
+
+    /// False once the API server was seen dropping consumable capacity from a written slice.
+    pub fn capacity_supported(&self) -> bool {
+        self.capacity_supported
+    }
+
+    /// The devices as published: the inventory with `[sharing]` applied.
+    fn published(&self) -> Inventory {
+        self.sharing.published(&self.inventory, self.capacity_supported)
     }
 
     /// The current state.
@@ -219,7 +240,7 @@ impl Machine {
             _ => return Action::Wait,
         }
         let current: Vec<ResourceSlice> = self.observed.values().cloned().collect();
-        let p = plan(&current, &self.inventory, &self.node, &self.driver, self.min_generation);
+        let p = plan(&current, &self.published(), &self.node, &self.driver, self.min_generation);
         if p.is_empty() {
             self.backoff.reset();
             self.state = State::Idle;
@@ -278,6 +299,10 @@ impl Machine {
         for seen in applied.seen {
             match seen {
                 Seen::Written(s) => {
+                    if self.capacity_supported && dropped_capacity(&s, &self.published()) {
+                        self.capacity_supported = false;
+                        warn_capacity_dropped(&self.sharing);
+                    }
                     if let Some(name) = s.metadata.name.clone() {
                         self.observed.insert(name, s);
                     }
@@ -311,6 +336,30 @@ impl Machine {
         let devices = self.inventory.devices.len();
         self.report = Some(PublishStatus { in_sync, devices, writes: self.writes, last_error });
     }
+}
+
+/// Whether the server dropped consumable capacity from a slice edra wrote: a device
+/// published as shareable came back without `allowMultipleAllocations` or without its
+/// memory request policy.
+fn dropped_capacity(written: &ResourceSlice, published: &Inventory) -> bool {
+    written.spec.devices.iter().flatten().any(|d| {
+        let shared = published.device(&d.name).is_some_and(|p| p.shared.is_some());
+        let policy = d.capacity.as_ref().and_then(|c| c.get("memory")).is_some_and(|c| c.request_policy.is_some());
+        shared && (d.allow_multiple_allocations != Some(true) || !policy)
+    })
+}
+
+fn warn_capacity_dropped(sharing: &SharingSettings) {
+    let instead = match sharing.fallback {
+        Fallback::Exclusive => "as whole GPUs, one claim each".to_string(),
+        Fallback::Replicas => format!("as {} replicas each (sharing.fallback = \"replicas\")", sharing.replicas),
+    };
+    warn!(
+        "the API server dropped consumable capacity (allowMultipleAllocations, requestPolicy) from edra's \
+         ResourceSlices: its DRAConsumableCapacity feature gate is off or it is older than Kubernetes 1.34; \
+         GPUs are published {instead} instead. To share GPUs, enable the gate on kube-apiserver and \
+         kube-scheduler (--feature-gates=DRAConsumableCapacity=true, default on from 1.36) and restart edra"
+    );
 }
 
 fn log_write_error(e: &kube::Error) {

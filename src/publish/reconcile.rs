@@ -66,6 +66,12 @@ impl Publisher {
         Self { client, api, inventory, status, machine }
     }
 
+    /// Publishes full GPUs as `[sharing]` says (without it, every GPU is exclusive).
+    pub fn with_sharing(mut self, sharing: crate::sharing::SharingSettings) -> Self {
+        self.machine = self.machine.with_sharing(sharing);
+        self
+    }
+
     /// The field selector that limits lists and watches to this node's slices.
     pub fn field_selector(&self) -> String {
         format!("spec.nodeName={},spec.driver={}", self.machine.node().name, self.machine.driver())

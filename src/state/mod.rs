@@ -1,7 +1,8 @@
 //! Node-local allocation state: a sled database behind a narrow, durable store API.
 //!
-//! Five trees: `claims` (claim UID → [`ClaimRecord`]), `devices` (device name → UID of the
-//! claim holding it exclusively), `gpu_changes` (GPU UUID → [`GpuChange`], what edra is
+//! Six trees: `claims` (claim UID → [`ClaimRecord`]), `devices` (device name → UID of the
+//! claim holding it exclusively), `shares` (GPU device name → the [`ShareHolding`]s of its
+//! shares: consumable-capacity allocations and replicas), `gpu_changes` (GPU UUID → [`GpuChange`], what edra is
 //! changing on that GPU for a claim, written before the change), `mps_daemons` (claim UID →
 //! [`MpsDaemonRecord`], the claim's MPS control daemon, written before it starts) and `meta` (store schema
 //! version, boot ID, the store's identity). Every change is one sled transaction across the trees, made durable before
@@ -35,7 +36,7 @@ use tokio::sync::watch;
 
 pub use record::{
     ClaimRecord, DeviceRecord, GPU_CHANGE_SCHEMA, GpuChange, MPS_DAEMON_SCHEMA, MpsDaemonRecord, Phase, RecordError,
-    SCHEMA_VERSION,
+    SCHEMA_VERSION, ShareHolding, ShareRecord,
 };
 
 const META_SCHEMA: &[u8] = b"schema";
@@ -105,6 +106,23 @@ pub enum StateError {
         holder: String,
         /// `namespace/name` of that claim, when its record is readable.
         holder_name: Option<String>,
+    },
+    /// A share does not fit in what the GPU's other shares leave.
+    #[error(
+        "GPU {gpu} has {} of memory left for shares and this claim asks for {}; it is shared with {holders}. \
+         The scheduler should not have placed the claim here: check that the published slices match the GPUs \
+         (edra doctor), or delete one of those pods",
+        crate::util::quantity(*.free), crate::util::quantity(*.asked)
+    )]
+    SharesExceed {
+        /// The GPU's device name.
+        gpu: String,
+        /// Memory this claim's shares of it take, in bytes.
+        asked: u64,
+        /// Memory left by the other shares, in bytes.
+        free: u64,
+        /// The other holders with their memory.
+        holders: String,
     },
     /// A stored GPU change record cannot be used.
     #[error("the stored change record of GPU {uuid} cannot be read; upgrade edra or move the state directory aside")]
@@ -191,6 +209,7 @@ struct Db {
     db: sled::Db,
     claims: sled::Tree,
     devices: sled::Tree,
+    shares: sled::Tree,
     gpu_changes: sled::Tree,
     mps_daemons: sled::Tree,
     meta: sled::Tree,
@@ -274,6 +293,7 @@ impl Db {
         let (claims, devices, meta) = (tree("claims")?, tree("devices")?, tree("meta")?);
         let gpu_changes = tree("gpu_changes")?;
         let mps_daemons = tree("mps_daemons")?;
+        let shares = tree("shares")?;
         match meta.get(META_SCHEMA).map_err(open_err)? {
             Some(v) => {
                 let found = std::str::from_utf8(&v).ok().and_then(|s| s.parse::<u32>().ok()).unwrap_or(u32::MAX);
@@ -293,7 +313,7 @@ impl Db {
                 id
             }
         };
-        Ok(Db { db, claims, devices, gpu_changes, mps_daemons, meta, log, id })
+        Ok(Db { db, claims, devices, shares, gpu_changes, mps_daemons, meta, log, id })
     }
 
     /// Flushes sled, then fsyncs its log file: the only way a change survives a power cut.
@@ -509,7 +529,14 @@ impl Store {
         let uid = record.uid.as_bytes();
         let bytes = record::encode_claim(record);
         self.with_db(|db| {
-            let result = (&db.claims, &db.devices).transaction(|(claims, devices)| {
+            let result = (&db.claims, &db.devices, &db.shares).transaction(|(claims, devices, shares)| {
+                let holder_name =
+                    |holder: &[u8]| -> Result<Option<String>, sled::transaction::UnabortableTransactionError> {
+                        Ok(claims
+                            .get(holder)?
+                            .and_then(|b| record::decode_claim(&b).ok())
+                            .map(|r| format!("{}/{}", r.namespace, r.name)))
+                    };
                 if let Some(old) = claims.get(uid)?
                     && let Ok(old) = record::decode_claim(&old)
                 {
@@ -518,30 +545,84 @@ impl Store {
                             devices.remove(d.as_bytes())?;
                         }
                     }
+                    for (_, share) in old.shares() {
+                        release_shares(shares, share.gpu.as_bytes(), &record.uid)?;
+                    }
                 }
                 for d in record.held_devices() {
-                    match devices.get(d.as_bytes())? {
-                        Some(holder) if holder.as_ref() != uid => {
-                            let holder_name = claims
-                                .get(&holder)?
-                                .and_then(|b| record::decode_claim(&b).ok())
-                                .map(|r| format!("{}/{}", r.namespace, r.name));
-                            return Err(ConflictableTransactionError::Abort(StateError::DeviceHeld {
-                                device: d.to_string(),
-                                holder: String::from_utf8_lossy(&holder).into_owned(),
-                                holder_name,
-                            }));
-                        }
-                        _ => {
-                            devices.insert(d.as_bytes(), uid)?;
-                        }
+                    let other = match devices.get(d.as_bytes())? {
+                        Some(holder) if holder.as_ref() != uid => Some(holder.to_vec()),
+                        _ => read_shares(shares, d.as_bytes())?
+                            .into_iter()
+                            .find(|h| h.claim != record.uid)
+                            .map(|h| h.claim.into_bytes()),
+                    };
+                    if let Some(holder) = other {
+                        return Err(ConflictableTransactionError::Abort(StateError::DeviceHeld {
+                            device: d.to_string(),
+                            holder_name: holder_name(&holder)?,
+                            holder: String::from_utf8_lossy(&holder).into_owned(),
+                        }));
                     }
+                    devices.insert(d.as_bytes(), uid)?;
+                }
+                let mut gpus: Vec<(&str, u64)> = Vec::new();
+                for (_, share) in record.shares() {
+                    if !gpus.iter().any(|(g, _)| *g == share.gpu) {
+                        gpus.push((&share.gpu, share.gpu_memory));
+                    }
+                }
+                for (gpu, gpu_memory) in gpus {
+                    if let Some(holder) = devices.get(gpu.as_bytes())?.filter(|h| h.as_ref() != uid) {
+                        return Err(ConflictableTransactionError::Abort(StateError::DeviceHeld {
+                            device: gpu.to_string(),
+                            holder_name: holder_name(&holder)?,
+                            holder: String::from_utf8_lossy(&holder).into_owned(),
+                        }));
+                    }
+                    let mut list = read_shares(shares, gpu.as_bytes())?;
+                    list.retain(|h| h.claim != record.uid);
+                    let used: u64 = list.iter().fold(0, |a, h| a.saturating_add(h.memory));
+                    let mine: Vec<ShareHolding> = record
+                        .shares()
+                        .filter(|(_, s)| s.gpu == gpu)
+                        .map(|(d, s)| ShareHolding {
+                            claim: record.uid.clone(),
+                            device: d.device.clone(),
+                            share_id: d.share_id.clone(),
+                            memory: s.memory,
+                        })
+                        .collect();
+                    let asked: u64 = mine.iter().fold(0, |a, h| a.saturating_add(h.memory));
+                    if used.saturating_add(asked) > gpu_memory {
+                        let mut holders = Vec::new();
+                        for h in &list {
+                            let name = holder_name(h.claim.as_bytes())?.unwrap_or_else(|| format!("UID {}", h.claim));
+                            holders.push(format!("{name} ({})", crate::util::quantity(h.memory)));
+                        }
+                        return Err(ConflictableTransactionError::Abort(StateError::SharesExceed {
+                            gpu: gpu.to_string(),
+                            asked,
+                            free: gpu_memory.saturating_sub(used),
+                            holders: holders.join(", "),
+                        }));
+                    }
+                    list.extend(mine);
+                    shares.insert(gpu.as_bytes(), record::encode_shares(&list))?;
                 }
                 claims.insert(uid, bytes.as_slice())?;
                 Ok(())
             });
             tx_result(result, "record a claim")?;
             self.durable(db)
+        })
+    }
+
+    /// The shares held on GPU `gpu` (device name), in the order they were taken.
+    pub fn shares_of(&self, gpu: &str) -> Result<Vec<ShareHolding>, StateError> {
+        self.with_db(|db| {
+            let v = db.shares.get(gpu.as_bytes()).map_err(db_err("read a GPU's shares"))?;
+            Ok(v.and_then(|b| record::decode_shares(&b).ok()).unwrap_or_default())
         })
     }
 
@@ -552,8 +633,8 @@ impl Store {
         let key = uid.as_bytes();
         let changes: Vec<String> = self.gpu_changes()?.into_iter().filter(|c| c.claim == uid).map(|c| c.uuid).collect();
         self.with_db(|db| {
-            let trees = (&db.claims, &db.devices, &db.gpu_changes, &db.mps_daemons);
-            let result = trees.transaction(|(claims, devices, gpus, mps)| {
+            let trees = (&db.claims, &db.devices, &db.gpu_changes, &db.mps_daemons, &db.shares);
+            let result = trees.transaction(|(claims, devices, gpus, mps, shares)| {
                 for gpu in &changes {
                     if let Some(v) = gpus.get(gpu.as_bytes())?
                         && record::decode_gpu_change(&v).is_ok_and(|c| c.claim == uid)
@@ -570,6 +651,9 @@ impl Store {
                     if devices.get(d.as_bytes())?.as_deref() == Some(key) {
                         devices.remove(d.as_bytes())?;
                     }
+                }
+                for (_, share) in old.shares() {
+                    release_shares(shares, share.gpu.as_bytes(), uid)?;
                 }
                 Ok((Some(old), daemon))
             });
@@ -682,6 +766,34 @@ impl Store {
             self.durable(db)
         })
     }
+}
+
+/// The shares listed for `gpu` in a transaction (an unreadable list counts as none: it is
+/// rewritten from the claims that hold shares as they are prepared again).
+fn read_shares(
+    shares: &sled::transaction::TransactionalTree,
+    gpu: &[u8],
+) -> Result<Vec<ShareHolding>, sled::transaction::UnabortableTransactionError> {
+    Ok(shares.get(gpu)?.and_then(|b| record::decode_shares(&b).ok()).unwrap_or_default())
+}
+
+/// Drops `claim`'s shares from `gpu`'s list in a transaction.
+fn release_shares(
+    shares: &sled::transaction::TransactionalTree,
+    gpu: &[u8],
+    claim: &str,
+) -> Result<(), sled::transaction::UnabortableTransactionError> {
+    let mut list = read_shares(shares, gpu)?;
+    let before = list.len();
+    list.retain(|h| h.claim != claim);
+    if list.len() != before {
+        if list.is_empty() {
+            shares.remove(gpu)?;
+        } else {
+            shares.insert(gpu, record::encode_shares(&list))?;
+        }
+    }
+    Ok(())
 }
 
 /// How long opening waits for the lock on the database's files to clear.

@@ -41,6 +41,43 @@ pub struct DeviceRecord {
     pub share_id: Option<String>,
     /// The resolved opaque configuration.
     pub config: GpuConfig,
+    /// For a share of a GPU (a consumable-capacity allocation or a replica): the GPU and the
+    /// memory the share takes. Absent for whole devices, so their records read as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<ShareRecord>,
+}
+
+/// The part of a GPU one allocation takes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareRecord {
+    /// The physical GPU's device name (`gpu-0` for `gpu-0` and `gpu-0-replica-2`).
+    pub gpu: String,
+    /// Memory the share consumes, in bytes.
+    pub memory: u64,
+    /// The GPU's memory when the share was prepared, in bytes: the most all shares may take.
+    pub gpu_memory: u64,
+}
+
+impl DeviceRecord {
+    /// The physical device this record uses: the GPU of a replica, otherwise the device.
+    pub fn gpu(&self) -> &str {
+        self.share.as_ref().map_or(&self.device, |s| &s.gpu)
+    }
+
+    /// The CDI device name's device part: the device, with the share ID for a share (two
+    /// requests of one claim may hold two shares of one GPU).
+    pub fn cdi_device(&self) -> String {
+        match &self.share_id {
+            Some(id) => format!("{}-{id}", self.device),
+            None => self.device.clone(),
+        }
+    }
+
+    /// Whether this record takes only part of its GPU, so the GPU is shared with others.
+    pub fn is_partial_share(&self) -> bool {
+        self.share.as_ref().is_some_and(|s| s.memory < s.gpu_memory || s.gpu != self.device)
+    }
 }
 
 /// The record of one claim on this node.
@@ -68,9 +105,16 @@ pub struct ClaimRecord {
 }
 
 impl ClaimRecord {
-    /// Names of the devices this claim holds exclusively (admin access is exempt).
+    /// Names of the devices this claim holds exclusively (admin access is exempt, and a
+    /// consumable-capacity share is accounted in [`ClaimRecord::shares`] instead).
     pub fn held_devices(&self) -> impl Iterator<Item = &str> {
-        self.devices.iter().filter(|d| !d.admin_access).map(|d| d.device.as_str())
+        self.devices.iter().filter(|d| !d.admin_access && d.share_id.is_none()).map(|d| d.device.as_str())
+    }
+
+    /// The shares of GPUs this claim takes (consumable-capacity shares and replicas; admin
+    /// access is exempt).
+    pub fn shares(&self) -> impl Iterator<Item = (&DeviceRecord, &ShareRecord)> {
+        self.devices.iter().filter(|d| !d.admin_access).filter_map(|d| Some((d, d.share.as_ref()?)))
     }
 }
 
@@ -167,6 +211,31 @@ fn decode_versioned<T: serde::de::DeserializeOwned>(bytes: &[u8], current: u32) 
 /// Decodes a stored GPU change record; a newer schema is refused.
 pub fn decode_gpu_change(bytes: &[u8]) -> Result<GpuChange, RecordError> {
     decode_versioned(bytes, GPU_CHANGE_SCHEMA)
+}
+
+/// One share of a GPU held by a claim (an entry of the `shares` tree's list for that GPU).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareHolding {
+    /// The holding claim's UID.
+    pub claim: String,
+    /// The device the allocation names (the GPU, or one of its replicas).
+    pub device: String,
+    /// The allocation's share ID (none for a replica).
+    pub share_id: Option<String>,
+    /// Memory taken, in bytes.
+    pub memory: u64,
+}
+
+/// Decodes a GPU's list of shares.
+pub fn decode_shares(bytes: &[u8]) -> Result<Vec<ShareHolding>, RecordError> {
+    serde_json::from_slice(bytes).map_err(RecordError::Malformed)
+}
+
+/// Encodes a GPU's list of shares.
+pub fn encode_shares(shares: &[ShareHolding]) -> Vec<u8> {
+    // Strings and integers: serializing cannot fail.
+    serde_json::to_vec(shares).unwrap_or_default()
 }
 
 /// Encodes a GPU change record.

@@ -15,6 +15,7 @@ fn device(name: &str, admin: bool) -> DeviceRecord {
         cdi_ids: vec![format!("k8s.gpu.edra.dev/claim=x-{name}")],
         admin_access: admin,
         share_id: None,
+        share: None,
         config: GpuConfig::default(),
     }
 }

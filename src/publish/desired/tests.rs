@@ -18,6 +18,7 @@ fn device(name: &str) -> Device {
         attributes: BTreeMap::from([("uuid".to_string(), AttributeValue::String(format!("GPU-{name}")))]),
         capacity: BTreeMap::from([("memory".to_string(), 80u64 << 30)]),
         device_nodes: vec![],
+        shared: None,
     }
 }
 

@@ -1,0 +1,174 @@
+//! Shares of one GPU: consumable-capacity allocations (share ID and consumed memory) and
+//! replicas, accounted in the state; per-claim errors for what does not fit.
+
+use super::*;
+
+const GI: u64 = 1 << 30;
+const SHARE1: &str = "6de5d941-c79d-4a8a-ba10-668351620525";
+const SHARE2: &str = "1b4e28ba-2fa1-41d2-883f-0016d3cca427";
+const SHARE3: &str = "f47ac10b-58cc-4372-a567-0e02b2c3d479";
+const UID4: &str = "3c2b1a09-8f7e-4d6c-9b5a-493827160504";
+
+/// The fixture with gpu-0 and gpu-1 of 80Gi, and gpu-3 (published as four replicas by the
+/// fixture's settings).
+fn fixture() -> Fixture {
+    let f = Fixture::new();
+    let dev = f.root.join("dev");
+    std::fs::write(dev.join("nvidia3"), b"x").unwrap();
+    let mut inv = (**f.inventory_tx.borrow()).clone();
+    inv.devices.push(super::gpu(3, &dev));
+    for d in &mut inv.devices {
+        d.capacity.insert("memory".into(), 80 * GI);
+    }
+    f.inventory_tx.send_replace(Arc::new(inv));
+    f
+}
+
+/// A claim whose results carry share IDs and consumed memory:
+/// (request, device, share ID, consumed memory).
+fn shared_claim(
+    uid: &str,
+    name: &str,
+    results: &[(&str, &str, &str, &str)],
+    config: serde_json::Value,
+) -> ResourceClaim {
+    let results: Vec<_> = results
+        .iter()
+        .map(|(req, device, share, memory)| {
+            json!({"request": req, "driver": DRIVER, "pool": NODE, "device": device, "shareID": share,
+                   "consumedCapacity": {"memory": memory}})
+        })
+        .collect();
+    let mut c = claim(uid, name, &[], json!([]));
+    let alloc = c.status.as_mut().and_then(|s| s.allocation.as_mut()).unwrap();
+    *alloc = serde_json::from_value(json!({"devices": {"results": results, "config": config}})).unwrap();
+    c
+}
+
+#[tokio::test]
+async fn shares_of_one_gpu_are_prepared_with_share_ids_until_its_memory_is_taken() {
+    let f = fixture();
+    f.claims.put(shared_claim(UID1, "a", &[("gpu", "gpu-0", SHARE1, "30Gi")], json!([])));
+    f.claims.put(shared_claim(UID2, "b", &[("gpu", "gpu-0", SHARE2, "30Gi")], json!([])));
+    f.claims.put(shared_claim(UID3, "c", &[("gpu", "gpu-0", SHARE3, "30720Mi")], json!([])));
+    f.claims.put(claim(UID4, "whole", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+
+    let r = f.preparer.prepare(vec![cref(UID1, "a"), cref(UID2, "b")]).await;
+    let (a, b) = (ok(&r, UID1), ok(&r, UID2));
+    assert_eq!(a[0].share_id.as_deref(), Some(SHARE1));
+    assert_eq!(b[0].share_id.as_deref(), Some(SHARE2));
+    assert_eq!(a[0].cdi_device_ids, [format!("k8s.gpu.edra.dev/claim={UID1}-gpu-0-{SHARE1}")]);
+    assert_ne!(a[0].cdi_device_ids, b[0].cdi_device_ids);
+    let spec: cdi::Spec = serde_json::from_slice(
+        &std::fs::read(f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{UID1}.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(spec.devices.iter().map(|d| d.name.clone()).collect::<Vec<_>>(), [format!("{UID1}-gpu-0-{SHARE1}")]);
+    let mut shares: Vec<_> =
+        f.preparer.store().shares_of("gpu-0").unwrap().into_iter().map(|s| (s.claim, s.memory)).collect();
+    shares.sort();
+    assert_eq!(shares, [(UID1.to_string(), 30 * GI), (UID2.to_string(), 30 * GI)]);
+
+    // 20Gi are left: a third 30Gi share fails, naming the holders; so does an exclusive claim.
+    let r = f.preparer.prepare(vec![cref(UID3, "c"), cref(UID4, "whole")]).await;
+    let e = err(&r, UID3);
+    assert!(e.contains("GPU gpu-0 has 20Gi of memory left") && e.contains("asks for 30Gi"), "{e}");
+    assert!(e.contains("ns/a (30Gi)") && e.contains("ns/b (30Gi)"), "{e}");
+    let e = err(&r, UID4);
+    assert!(e.contains("device gpu-0 is already prepared for claim ns/a"), "{e}");
+    assert!(f.preparer.store().claim(UID3).unwrap().is_none() && f.preparer.store().claim(UID4).unwrap().is_none());
+    assert!(!f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{UID3}.json")).exists());
+
+    // Once one share is gone, the third fits; the whole GPU only after every share is gone.
+    assert_eq!(f.preparer.unprepare(vec![cref(UID1, "a")]).await.get(UID1), Some(&Ok(())));
+    ok(&f.preparer.prepare(vec![cref(UID3, "c")]).await, UID3);
+    f.preparer.unprepare(vec![cref(UID2, "b"), cref(UID3, "c")]).await;
+    assert!(f.preparer.store().shares_of("gpu-0").unwrap().is_empty());
+    ok(&f.preparer.prepare(vec![cref(UID4, "whole")]).await, UID4);
+    // And a share cannot join an exclusive holder.
+    f.claims.put(shared_claim(UID1, "a", &[("gpu", "gpu-0", SHARE1, "1Gi")], json!([])));
+    let e = err(&f.preparer.prepare(vec![cref(UID1, "a")]).await, UID1);
+    assert!(e.contains("device gpu-0 is already prepared for claim ns/whole"), "{e}");
+}
+
+#[tokio::test]
+async fn the_shares_survive_a_restart_and_two_shares_of_one_claim_get_two_cdi_devices() {
+    let f = fixture();
+    let two = [("gpu", "gpu-0", SHARE1, "10Gi"), ("alt/one", "gpu-0", SHARE2, "10Gi")];
+    f.claims.put(shared_claim(UID1, "a", &two, json!([])));
+    let devices = ok(&f.preparer.prepare(vec![cref(UID1, "a")]).await, UID1);
+    let ids: Vec<_> = devices.iter().map(|d| d.cdi_device_ids[0].clone()).collect();
+    assert_eq!(ids.len(), 2);
+    assert_ne!(ids[0], ids[1]);
+    let f = f.restart();
+    assert_eq!(ok(&f.preparer.prepare(vec![cref(UID1, "a")]).await, UID1), devices, "answered from the state");
+    let held: u64 = f.preparer.store().shares_of("gpu-0").unwrap().iter().map(|s| s.memory).sum();
+    assert_eq!(held, 20 * GI);
+    f.claims.put(shared_claim(UID2, "b", &[("gpu", "gpu-0", SHARE3, "61Gi")], json!([])));
+    let e = err(&f.preparer.prepare(vec![cref(UID2, "b")]).await, UID2);
+    assert!(e.contains("60Gi of memory left"), "{e}");
+}
+
+#[tokio::test]
+async fn replicas_map_to_their_gpu_and_each_replica_has_one_holder() {
+    let f = fixture();
+    f.claims.put(claim(UID1, "a", &[("gpu", DRIVER, NODE, "gpu-3-replica-0", false)], json!([])));
+    f.claims.put(claim(UID2, "b", &[("gpu", DRIVER, NODE, "gpu-3-replica-1", false)], json!([])));
+    f.claims.put(claim(UID3, "c", &[("gpu", DRIVER, NODE, "gpu-3-replica-1", false)], json!([])));
+    f.claims.put(claim(UID4, "d", &[("gpu", DRIVER, NODE, "gpu-3", false)], json!([])));
+    let r = f.preparer.prepare(vec![cref(UID1, "a"), cref(UID2, "b")]).await;
+    let a = ok(&r, UID1);
+    ok(&r, UID2);
+    assert_eq!(a[0].cdi_device_ids, [format!("k8s.gpu.edra.dev/claim={UID1}-gpu-3-replica-0")]);
+    let spec: cdi::Spec = serde_json::from_slice(
+        &std::fs::read(f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{UID1}.json"))).unwrap(),
+    )
+    .unwrap();
+    let nodes: Vec<_> = spec.devices[0].container_edits.device_nodes.iter().map(|n| n.path.clone()).collect();
+    assert!(nodes[0].ends_with("/nvidia3"), "the replica is GPU 3: {nodes:?}");
+    let r = f.preparer.prepare(vec![cref(UID3, "c"), cref(UID4, "d")]).await;
+    assert!(err(&r, UID3).contains("device gpu-3-replica-1 is already prepared for claim ns/b"));
+    assert!(err(&r, UID4).contains("device gpu-3 is already prepared for claim"), "{}", err(&r, UID4));
+    assert_eq!(f.preparer.store().shares_of("gpu-3").unwrap().iter().map(|s| s.memory).sum::<u64>(), 40 * GI);
+    // Replicas of a GPU the settings do not replicate do not exist.
+    f.claims.put(claim(UID3, "c", &[("gpu", DRIVER, NODE, "gpu-1-replica-0", false)], json!([])));
+    assert!(
+        err(&f.preparer.prepare(vec![cref(UID3, "c")]).await, UID3)
+            .contains("device gpu-1-replica-0 is not on this node")
+    );
+}
+
+#[tokio::test]
+async fn bad_shares_fail_their_claim_only() {
+    let f = fixture();
+    let ts = json!([{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters":
+        {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}}}]);
+    f.claims.put(shared_claim(UID1, "bad-id", &[("gpu", "gpu-0", "../../etc", "1Gi")], json!([])));
+    f.claims.put(shared_claim(UID2, "bad-memory", &[("gpu", "gpu-0", SHARE2, "81Gi")], json!([])));
+    f.claims.put(shared_claim(UID3, "ts-on-share", &[("gpu", "gpu-0", SHARE3, "10Gi")], ts.clone()));
+    f.claims.put(shared_claim(UID4, "ts-whole", &[("gpu", "gpu-1", SHARE1, "80Gi")], ts));
+    let r = f
+        .preparer
+        .prepare(vec![
+            cref(UID1, "bad-id"),
+            cref(UID2, "bad-memory"),
+            cref(UID3, "ts-on-share"),
+            cref(UID4, "ts-whole"),
+        ])
+        .await;
+    assert!(
+        err(&r, UID1).contains("share ID \"../../etc\", which is not a lowercase RFC 4122 UUID"),
+        "{}",
+        err(&r, UID1)
+    );
+    assert!(err(&r, UID2).contains("consumes \"81Gi\" of memory") && err(&r, UID2).contains("GPU's 80Gi"));
+    let e = err(&r, UID3);
+    assert!(
+        e.contains("sharing strategy TimeSlicing (request gpu) cannot apply to gpu-0, a share of GPU gpu-0"),
+        "{e}"
+    );
+    // A share of the whole memory is the GPU alone: its strategy is the claim's to choose.
+    ok(&r, UID4);
+    assert_eq!(f.smi.calls().len(), 1, "time-slice set once, for the whole-GPU share: {:?}", f.smi.calls());
+    assert!(f.preparer.store().shares_of("gpu-0").unwrap().is_empty());
+}
