@@ -2,7 +2,8 @@
 //! health list to the kubelet, first at once and then after every change.
 //!
 //! The health source is a `watch` channel of complete lists, so a slow kubelet only ever
-//! sees the newest list. Streams end when the source is dropped or the plugin shuts down
+//! sees the newest list. Without a change the list is sent again every [`RESEND_EVERY`]
+//! (stamped with the time of sending), well within the kubelet's 30 s health timeout. Streams end when the source is dropped or the plugin shuts down
 //! (an open stream would otherwise hold the connection through the shutdown grace
 //! period); the kubelet reopens them every few seconds.
 
@@ -16,6 +17,9 @@ use tonic::{Request, Response, Status};
 
 use super::proto::health_v1alpha1 as proto;
 use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealth;
+
+/// How often an unchanged list is sent again.
+pub const RESEND_EVERY: Duration = Duration::from_secs(10);
 
 /// The health service name advertised to the kubelet when health is served.
 pub const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
@@ -80,21 +84,38 @@ impl DraResourceHealth for HealthService {
         tracing::info!("the kubelet opened the device health stream");
         let stream =
             futures_util::stream::unfold((source, self.stopping.clone()), |(mut source, mut stopping)| async move {
-                tokio::select! {
+                let resend = tokio::select! {
                     changed = source.changed() => {
                         if changed.is_err() {
                             tracing::debug!("the health source is gone; ending the health stream");
                             return None;
                         }
+                        false
                     }
+                    () = tokio::time::sleep(RESEND_EVERY) => true,
                     _ = stopping.wait_for(|stop| *stop) => return None,
-                }
+                };
                 let list = Arc::clone(&source.borrow_and_update());
-                let answer = proto::NodeWatchResourcesResponse { devices: list.iter().map(to_proto).collect() };
+                let now = SystemTime::now();
+                let devices = list
+                    .iter()
+                    .map(|d| {
+                        let mut wire = to_proto(d);
+                        if resend {
+                            wire.last_updated_time = wire.last_updated_time.max(unix_seconds(now));
+                        }
+                        wire
+                    })
+                    .collect();
+                let answer = proto::NodeWatchResourcesResponse { devices };
                 Some((Ok(answer), (source, stopping)))
             });
         Ok(Response::new(Box::pin(stream)))
     }
+}
+
+fn unix_seconds(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)).unwrap_or(0)
 }
 
 fn to_proto(device: &DeviceHealth) -> proto::DeviceHealth {

@@ -20,8 +20,10 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::desired::NodeIdentity;
-use super::plan::{Plan, plan};
+use super::plan::{Plan, plan_tainted};
 use super::reconcile::PublishStatus;
+use super::taints::{DeviceTaints, device_taints, has_taints};
+use crate::health::HealthSnapshot;
 use crate::inventory::Inventory;
 use crate::kube::{self, backoff::Backoff, watcher};
 use crate::util::error_chain;
@@ -48,8 +50,9 @@ pub enum State {
     BackingOff { at: Instant },
     /// The Node is being re-read before `plan` creates slices naming it as their owner.
     RefreshingOwner { plan: Plan },
-    /// The writes of pool generation `generation` are being applied.
-    Applying { generation: i64 },
+    /// The writes of pool generation `generation` are being applied; `tainted` when they
+    /// carry device taints (so an answer without them shows the server drops them).
+    Applying { generation: i64, tainted: bool },
 }
 
 /// What moves the machine.
@@ -62,6 +65,8 @@ pub enum Input {
     Watch(watcher::Event),
     /// The device inventory changed.
     Inventory(Arc<Inventory>),
+    /// The GPUs' health changed (taints may change).
+    Health(Arc<HealthSnapshot>),
     /// The time of [`Machine::timer`] has come.
     Timer,
     /// The Node's uid as re-read for [`Action::RefreshOwner`].
@@ -117,6 +122,11 @@ pub struct Machine {
     writes: u64,
     backoff: Backoff,
     report: Option<PublishStatus>,
+    health: Arc<HealthSnapshot>,
+    /// The server accepts the `None` taint effect (resource.k8s.io/v1, Kubernetes 1.35+).
+    none_effect: bool,
+    /// The server keeps device taints; false once it dropped them (gate off, too old).
+    taints_kept: bool,
 }
 
 impl Machine {
@@ -132,7 +142,31 @@ impl Machine {
             writes: 0,
             backoff: Backoff::new(RETRY_BASE, RETRY_MAX),
             report: None,
+            health: Arc::default(),
+            none_effect: false,
+            taints_kept: true,
         }
+    }
+
+    /// Publishes taints for `health`; informational ones (effect `None`) only with
+    /// `none_effect`.
+    pub fn with_health(mut self, health: Arc<HealthSnapshot>, none_effect: bool) -> Self {
+        self.health = health;
+        self.none_effect = none_effect;
+        self
+    }
+
+    /// Whether the server keeps the device taints edra writes (false once it dropped them).
+    pub fn taints_kept(&self) -> bool {
+        self.taints_kept
+    }
+
+    /// The taints to publish now.
+    fn taints(&self) -> DeviceTaints {
+        if !self.taints_kept {
+            return DeviceTaints::new();
+        }
+        device_taints(&self.inventory, &self.health, &self.driver, self.none_effect)
     }
 
     /// The current state.
@@ -172,6 +206,11 @@ impl Machine {
             }
             Input::Inventory(inventory) => {
                 self.inventory = inventory;
+                self.changed(now);
+                Action::Wait
+            }
+            Input::Health(health) => {
+                self.health = health;
                 self.changed(now);
                 Action::Wait
             }
@@ -219,7 +258,8 @@ impl Machine {
             _ => return Action::Wait,
         }
         let current: Vec<ResourceSlice> = self.observed.values().cloned().collect();
-        let p = plan(&current, &self.inventory, &self.node, &self.driver, self.min_generation);
+        let taints = self.taints();
+        let p = plan_tainted(&current, &self.inventory, &taints, &self.node, &self.driver, self.min_generation);
         if p.is_empty() {
             self.backoff.reset();
             self.state = State::Idle;
@@ -267,14 +307,26 @@ impl Machine {
             creates = p.creates.len(),
             "publishing ResourceSlices"
         );
-        self.state = State::Applying { generation: p.generation };
+        let tainted = p.updates.iter().chain(&p.creates).any(has_taints);
+        self.state = State::Applying { generation: p.generation, tainted };
         Action::Apply(p)
     }
 
     fn on_applied(&mut self, applied: Applied, now: Instant) -> Action {
-        let State::Applying { generation } = self.state else {
+        let State::Applying { generation, tainted } = self.state else {
             return Action::Wait;
         };
+        let written: Vec<&ResourceSlice> =
+            applied.seen.iter().filter_map(|s| if let Seen::Written(s) = s { Some(s) } else { None }).collect();
+        if tainted && !written.is_empty() && !written.iter().any(|s| has_taints(s)) {
+            // Planning with taints again would rewrite the same slices forever.
+            self.taints_kept = false;
+            warn!(
+                "the API server dropped the device taints edra wrote (its DRADeviceTaints feature gate is off, or it \
+                 is older than Kubernetes 1.33): unhealthy GPUs stay allocatable; their health is still in the \
+                 metrics, `edra doctor` and the kubelet's health stream"
+            );
+        }
         for seen in applied.seen {
             match seen {
                 Seen::Written(s) => {

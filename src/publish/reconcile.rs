@@ -26,6 +26,7 @@ use tracing::debug;
 use super::desired::NodeIdentity;
 use super::machine::{Action, Applied, Input, Machine, Seen};
 use super::plan::Plan;
+use crate::health::HealthSnapshot;
 use crate::inventory::Inventory;
 use crate::kube::{Client, ResourceApi};
 use crate::util::{stopped, until_stopped};
@@ -50,6 +51,7 @@ pub struct Publisher {
     inventory: watch::Receiver<Arc<Inventory>>,
     status: watch::Sender<PublishStatus>,
     machine: Machine,
+    health: Option<watch::Receiver<Arc<HealthSnapshot>>>,
 }
 
 impl Publisher {
@@ -63,7 +65,16 @@ impl Publisher {
         status: watch::Sender<PublishStatus>,
     ) -> Self {
         let machine = Machine::new(driver, node, inventory.borrow_and_update().clone());
-        Self { client, api, inventory, status, machine }
+        Self { client, api, inventory, status, machine, health: None }
+    }
+
+    /// Publishes the taints of GPU health from `health` as it changes. Informational
+    /// taints (effect `None`) go only to resource.k8s.io/v1 servers.
+    pub fn with_health(mut self, mut health: watch::Receiver<Arc<HealthSnapshot>>) -> Self {
+        let none_effect = self.api == ResourceApi::V1;
+        self.machine = self.machine.with_health(health.borrow_and_update().clone(), none_effect);
+        self.health = Some(health);
+        self
     }
 
     /// The field selector that limits lists and watches to this node's slices.
@@ -86,6 +97,13 @@ impl Publisher {
                     Ok(()) => Input::Inventory(self.inventory.borrow_and_update().clone()),
                     Err(_) => break,
                 },
+                health = health_changed(&mut self.health) => match health {
+                    Some(h) => Input::Health(h),
+                    None => {
+                        self.health = None;
+                        continue;
+                    }
+                },
                 () = tokio::time::sleep_until(timer.unwrap_or_else(Instant::now)), if timer.is_some() => Input::Timer,
             };
             let action = self.machine.step(input, Instant::now());
@@ -94,6 +112,11 @@ impl Publisher {
             }
         }
         debug!("publisher stopped; slices stay published");
+    }
+
+    /// Whether the server keeps the device taints edra writes.
+    pub fn taints_kept(&self) -> bool {
+        self.machine.taints_kept()
     }
 
     /// Performs the machine's actions until it waits again; `None` when shutdown came first
@@ -150,5 +173,16 @@ impl Publisher {
             }
         }
         applied
+    }
+}
+
+/// The next health snapshot; `None` when its sender is gone; pending forever without one.
+async fn health_changed(health: &mut Option<watch::Receiver<Arc<HealthSnapshot>>>) -> Option<Arc<HealthSnapshot>> {
+    match health {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(rx.borrow_and_update().clone()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
     }
 }

@@ -83,7 +83,7 @@ async fn a_burst_of_changes_is_answered_with_one_plan_after_the_debounce() {
     let Action::Apply(p) = fire(&mut m).await else { panic!("a plan with writes") };
     assert_eq!(t0.elapsed(), DEBOUNCE);
     assert_eq!(devices_in(&p), 4, "the plan is for the newest inventory");
-    assert_eq!(m.state(), &State::Applying { generation: p.generation });
+    assert_eq!(m.state(), &State::Applying { generation: p.generation, tainted: false });
     assert_eq!(m.take_report(), None, "nothing is reported before the writes' outcome");
 }
 
