@@ -3,8 +3,8 @@
 //! ([`super::nvml`]) and the mock backend's events file ([`MockHealth`]), which lets a
 //! whole agent be driven sick and well without a GPU.
 //!
-//! The events file is read as it grows (from its end at start, like `tail -f`); one event
-//! per line, GPUs by index:
+//! The events file is read as it grows (from where it ended when edra started, like
+//! `tail -f`); one event per line, GPUs by index:
 //!
 //! ```text
 //! xid 0 79        # critical XID 79 on GPU 0
@@ -50,13 +50,16 @@ pub struct MockHealth {
     node: String,
     gpus: u32,
     file: Option<PathBuf>,
+    /// Where the file ended when the backend was made: only lines after it count.
+    start: u64,
     lost: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl MockHealth {
     /// Events from `file` (none when `None`) for the `gpus` mock GPUs of `node`.
     pub fn new(node: &str, gpus: u32, file: Option<PathBuf>) -> Self {
-        MockHealth { node: node.to_string(), gpus, file, lost: Arc::default() }
+        let start = file.as_deref().and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len()).unwrap_or(0);
+        MockHealth { node: node.to_string(), gpus, file, start, lost: Arc::default() }
     }
 
     fn uuid(&self, index: &str) -> Result<String, String> {
@@ -119,8 +122,7 @@ impl HealthBackend for MockHealth {
         let Some(path) = &self.file else {
             return;
         };
-        // Read from the end at start: only events appended while edra runs count.
-        let mut offset = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let mut offset = self.start;
         let mut partial = String::new();
         while !stop.load(Ordering::Relaxed) {
             match read_from(path, &mut offset) {

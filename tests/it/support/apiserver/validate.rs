@@ -137,6 +137,26 @@ fn devices(spec: &Value, causes: &mut Vec<Cause>) {
             message: format!("Too many: {}: must have at most {max} items", devices.len()),
         });
     }
+    for (i, d) in devices.iter().enumerate() {
+        for (j, t) in d["taints"].as_array().into_iter().flatten().enumerate() {
+            let field = format!("spec.devices[{i}].taints[{j}]");
+            if t["key"].as_str().is_none_or(str::is_empty) {
+                causes.push(required(&format!("{field}.key")));
+            }
+            match t["effect"].as_str() {
+                Some("None" | "NoSchedule" | "NoExecute") => {}
+                None => causes.push(required(&format!("{field}.effect"))),
+                Some(_) => causes.push(Cause {
+                    reason: "FieldValueNotSupported",
+                    field: format!("{field}.effect"),
+                    message: format!(
+                        "Unsupported value: {}: supported values: \"NoExecute\", \"NoSchedule\", \"None\"",
+                        t["effect"]
+                    ),
+                }),
+            }
+        }
+    }
     let mut seen = std::collections::HashSet::new();
     for (i, device) in devices.iter().enumerate() {
         let field = format!("spec.devices[{i}].name");
