@@ -160,4 +160,38 @@ mod tests {
         assert_eq!(unknown.health, 0);
         assert_eq!(unknown.health_check_timeout_seconds, 0);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_list_is_sent_at_once_on_changes_and_again_every_ten_seconds() {
+        use futures_util::StreamExt;
+        let device = DeviceHealth {
+            pool_name: "n1".into(),
+            device_name: "gpu-0".into(),
+            health: Health::Healthy,
+            last_updated: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            timeout: None,
+            message: String::new(),
+        };
+        let (tx, rx) = watch::channel(Arc::new(vec![device.clone()]));
+        let (stop, stopping) = watch::channel(false);
+        let service = HealthService::new(rx, stopping);
+        let request = Request::new(proto::NodeWatchResourcesRequest {});
+        let mut stream = service.node_watch_resources(request).await.expect("stream").into_inner();
+        let started = tokio::time::Instant::now();
+        let first = stream.next().await.expect("a list").expect("ok");
+        assert_eq!(first.devices[0].last_updated_time, 1_700_000_000);
+        assert_eq!(started.elapsed(), Duration::ZERO, "the first list comes at once");
+
+        let again = stream.next().await.expect("a list").expect("ok");
+        assert_eq!(started.elapsed(), RESEND_EVERY, "unchanged, it comes again after {RESEND_EVERY:?}");
+        assert!(again.devices[0].last_updated_time > 1_700_000_000, "stamped with the time it was sent");
+
+        tx.send_replace(Arc::new(vec![DeviceHealth { health: Health::Unhealthy, ..device }]));
+        let changed = stream.next().await.expect("a list").expect("ok");
+        assert_eq!(started.elapsed(), RESEND_EVERY, "a change comes at once");
+        assert_eq!(changed.devices[0].health, proto::HealthStatus::Unhealthy as i32);
+
+        stop.send_replace(true);
+        assert!(stream.next().await.is_none(), "shutdown ends the stream");
+    }
 }
