@@ -475,8 +475,14 @@ async fn publish(
     };
     info!(api = api.version(), node = %node, "publishing ResourceSlices");
     let identity = NodeIdentity { name: node, uid };
+    // The `None` taint effect needs Kubernetes 1.35; `/version` says which this is.
+    let version = match until_stopped(cluster.client().server_version(), &mut shutdown).await {
+        None => return,
+        Some(v) => v.ok(),
+    };
+    let none_effect = crate::publish::reconcile::accepts_none_effect(api, version.as_deref());
     Publisher::new(cluster.client().clone(), api, driver, identity, inventory, status)
-        .with_health(health)
+        .with_health(health, none_effect)
         .run(shutdown)
         .await;
 }

@@ -68,10 +68,9 @@ impl Publisher {
         Self { client, api, inventory, status, machine, health: None }
     }
 
-    /// Publishes the taints of GPU health from `health` as it changes. Informational
-    /// taints (effect `None`) go only to resource.k8s.io/v1 servers.
-    pub fn with_health(mut self, mut health: watch::Receiver<Arc<HealthSnapshot>>) -> Self {
-        let none_effect = self.api == ResourceApi::V1;
+    /// Publishes the taints of GPU health from `health` as it changes; informational
+    /// taints (effect `None`) only with `none_effect` (see [`accepts_none_effect`]).
+    pub fn with_health(mut self, mut health: watch::Receiver<Arc<HealthSnapshot>>, none_effect: bool) -> Self {
         self.machine = self.machine.with_health(health.borrow_and_update().clone(), none_effect);
         self.health = Some(health);
         self
@@ -176,6 +175,23 @@ impl Publisher {
     }
 }
 
+/// Whether a server speaking `api` with `/version` `git_version` (e.g. `v1.36.2+k3s1`)
+/// accepts the `None` taint effect: resource.k8s.io/v1 from Kubernetes 1.35 on. An
+/// unreadable version counts as new enough when the server speaks v1.
+pub fn accepts_none_effect(api: ResourceApi, git_version: Option<&str>) -> bool {
+    if api != ResourceApi::V1 {
+        return false;
+    }
+    let minor = git_version.and_then(|v| {
+        let rest = v.trim_start_matches('v');
+        let mut parts = rest.split('.');
+        let major: u32 = parts.next()?.parse().ok()?;
+        let minor: u32 = parts.next()?.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()?;
+        Some((major, minor))
+    });
+    minor.is_none_or(|(major, minor)| major > 1 || minor >= 35)
+}
+
 /// The next health snapshot; `None` when its sender is gone; pending forever without one.
 async fn health_changed(health: &mut Option<watch::Receiver<Arc<HealthSnapshot>>>) -> Option<Arc<HealthSnapshot>> {
     match health {
@@ -184,5 +200,21 @@ async fn health_changed(health: &mut Option<watch::Receiver<Arc<HealthSnapshot>>
             Err(_) => None,
         },
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_none_effect_needs_v1_on_kubernetes_1_35_or_newer() {
+        assert!(accepts_none_effect(ResourceApi::V1, Some("v1.36.2")));
+        assert!(accepts_none_effect(ResourceApi::V1, Some("v1.35.0+k3s1")));
+        assert!(!accepts_none_effect(ResourceApi::V1, Some("v1.34.3")));
+        assert!(accepts_none_effect(ResourceApi::V1, None));
+        assert!(accepts_none_effect(ResourceApi::V1, Some("garbage")));
+        assert!(!accepts_none_effect(ResourceApi::V1beta2, Some("v1.36.2")));
+        assert!(!accepts_none_effect(ResourceApi::V1beta1, None));
     }
 }

@@ -235,6 +235,34 @@ async fn a_server_that_drops_taints_is_written_once() {
     agent.stop().await;
 }
 
+#[tokio::test]
+async fn informational_taints_go_only_to_servers_that_know_the_none_effect() {
+    for (git_version, expected) in [("v1.36.2", true), ("v1.34.3", false)] {
+        let cluster = Cluster::start_with(Options { git_version: git_version.into(), ..Options::default() }).await;
+        let events = events_file(&cluster);
+        let agent = Agent::start(cluster.fs(), cluster.config_with(NODE, &mock(&events, "5m", ""))).await;
+        cluster.wait_published(NODE, GPUS).await;
+        // GPU 0 unmonitored (informational), then GPU 1's fatal XID as the marker that
+        // both were published.
+        inject(&events, "unmonitored 0");
+        inject(&events, "xid 1 79");
+        wait_taint(&cluster, "gpu-1", XID_KEY, true).await;
+        let slices = cluster.slices_on(NODE);
+        let unmonitored = taints_of(&slices, "gpu-0");
+        assert_eq!(!unmonitored.is_empty(), expected, "{git_version}: {unmonitored:?}");
+        if expected {
+            assert_eq!(
+                (&unmonitored[0]["key"], &unmonitored[0]["effect"]),
+                (&"gpu.edra.dev/unmonitored".into(), &"None".into())
+            );
+        }
+        let failed =
+            cluster.server.with_state(|s| s.requests().iter().filter(|r| r.is_write() && r.status >= 400).count());
+        assert_eq!(failed, 0, "{git_version}: no write was refused");
+        agent.stop().await;
+    }
+}
+
 /// The next message of a health stream, within [`WAIT`].
 async fn next_message(
     stream: &mut tonic::Streaming<health::NodeWatchResourcesResponse>,

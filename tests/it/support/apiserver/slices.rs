@@ -147,6 +147,7 @@ pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiE
     let device_taints = call.shared.lock().device_taints;
     let mut causes = prepare(&mut object, device_taints);
     causes.extend(validate::slice(&object, None));
+    causes.extend(validate::taint_effects(&object, &call.shared.opts.git_version));
     if !causes.is_empty() {
         return Err(ApiError::invalid(SLICES, &name, &causes));
     }
@@ -229,6 +230,7 @@ fn replace(
     let device_taints = call.shared.lock().device_taints;
     let mut causes = prepare(&mut object, device_taints);
     causes.extend(validate::slice(&object, Some(&existing)));
+    causes.extend(validate::taint_effects(&object, &call.shared.opts.git_version));
     if !causes.is_empty() {
         return Err(ApiError::invalid(SLICES, name, &causes));
     }
