@@ -74,51 +74,36 @@ impl HealthMonitor {
         let (tx, rx) = watch::channel(Arc::new(HealthSnapshot::of(&view)));
 
         let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
-        let stop = Arc::new(AtomicBool::new(false));
-        let watched: Vec<String> = gpus.into_iter().collect();
-        let thread = {
-            let (backend, stop) = (backend.clone(), stop.clone());
-            std::thread::Builder::new().name("edra-health".into()).spawn(move || {
-                let sink = move |e: Event| {
-                    let _ = events_tx.send(e);
-                };
-                backend.watch(&watched, &sink, &stop);
-            })
-        };
-        let thread = match thread {
-            Ok(t) => Some(t),
-            Err(e) => {
-                warn!(error = %e, "cannot start the GPU event thread; GPUs are probed but not watched for XIDs");
-                None
-            }
-        };
+        let mut watch = Watch::start(backend.clone(), gpus, events_tx.clone());
 
         let task = tokio::spawn(async move {
             let mut probe = tokio::time::interval(settings.probe_interval);
             probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut events_open = true;
             loop {
                 let mut changes = Vec::new();
                 let mut counted = false;
                 tokio::select! {
                     () = stopped(&mut shutdown) => break,
-                    event = events.recv(), if events_open => match event {
-                        Some(event) => {
-                            let mut next = Some(event);
-                            while let Some(e) = next {
-                                counted |= matches!(e, Event::Xid { .. } | Event::DoubleBitEcc { .. });
-                                changes.extend(view.apply(e, SystemTime::now(), &settings.rules));
-                                next = events.try_recv().ok();
-                            }
+                    Some(event) = events.recv() => {
+                        let mut next = Some(event);
+                        while let Some(e) = next {
+                            counted |= matches!(e, Event::Xid { .. } | Event::DoubleBitEcc { .. });
+                            changes.extend(view.apply(e, SystemTime::now(), &settings.rules));
+                            next = events.try_recv().ok();
                         }
-                        None => events_open = false,
-                    },
+                    }
                     changed = inventory.changed() => {
                         if changed.is_err() {
                             break;
                         }
                         let gpus = gpus_in(&inventory.borrow_and_update());
-                        counted |= view.saw(gpus, SystemTime::now());
+                        counted |= view.saw(gpus.iter().cloned(), SystemTime::now());
+                        if gpus != watch.gpus {
+                            // A GPU came or went: register the new set on a new event set.
+                            info!(gpus = gpus.len(), "the GPUs changed; watching their events again");
+                            watch.stop().await;
+                            watch = Watch::start(backend.clone(), gpus, events_tx.clone());
+                        }
                     }
                     _ = probe.tick() => {
                         let gpus: Vec<String> = view.gpus.keys().cloned().collect();
@@ -153,12 +138,46 @@ impl HealthMonitor {
                     tx.send_replace(Arc::new(HealthSnapshot::of(&view)));
                 }
             }
-            stop.store(true, Ordering::Relaxed);
-            if let Some(thread) = thread {
-                let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-            }
+            watch.stop().await;
         });
         HealthMonitor { snapshot: rx, task }
+    }
+}
+
+/// The event thread watching one set of GPUs.
+struct Watch {
+    gpus: BTreeSet<String>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watch {
+    fn start(backend: Arc<dyn HealthBackend>, gpus: BTreeSet<String>, events: mpsc::UnboundedSender<Event>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let watched: Vec<String> = gpus.iter().cloned().collect();
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new().name("edra-health".into()).spawn(move || {
+            let sink = move |e: Event| {
+                let _ = events.send(e);
+            };
+            backend.watch(&watched, &sink, &stopping);
+        });
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                warn!(error = %e, "cannot start the GPU event thread; GPUs are probed but not watched for XIDs");
+                None
+            }
+        };
+        Watch { gpus, stop, thread }
+    }
+
+    /// Stops the thread and waits for it (its waits are bounded by `source::WAIT`).
+    async fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
     }
 }
 

@@ -78,8 +78,8 @@ fn register<'n>(nvml: &'n Nvml, gpus: &[String], sink: Sink<'_>) -> Option<nvml_
                 sink(Event::Monitored { gpu: gpu.clone() });
             }
             Err(e) => {
-                // The wrapper freed the set: make a new one and register the others again.
-                unmonitored(format!("nvmlDeviceRegisterEvents failed: {}", e.error));
+                // The wrapper freed the set: make a new one and register the others again
+                // (told afterwards, so whoever hears it knows the new set is in place).
                 set = nvml.create_event_set().ok()?;
                 for (other, types) in &registered {
                     let again = nvml.device_by_uuid(other.as_str()).map_err(Into::into);
@@ -88,6 +88,7 @@ fn register<'n>(nvml: &'n Nvml, gpus: &[String], sink: Sink<'_>) -> Option<nvml_
                         Err(_) => return None,
                     }
                 }
+                unmonitored(format!("nvmlDeviceRegisterEvents failed: {}", e.error));
             }
         }
     }

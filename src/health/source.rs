@@ -50,8 +50,9 @@ pub struct MockHealth {
     node: String,
     gpus: u32,
     file: Option<PathBuf>,
-    /// Where the file ended when the backend was made: only lines after it count.
-    start: u64,
+    /// How far the file has been read (where it ended when the backend was made, at
+    /// first): only lines after it count, also for a watch started again.
+    read: Arc<std::sync::atomic::AtomicU64>,
     lost: Arc<Mutex<BTreeSet<String>>>,
 }
 
@@ -59,7 +60,7 @@ impl MockHealth {
     /// Events from `file` (none when `None`) for the `gpus` mock GPUs of `node`.
     pub fn new(node: &str, gpus: u32, file: Option<PathBuf>) -> Self {
         let start = file.as_deref().and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len()).unwrap_or(0);
-        MockHealth { node: node.to_string(), gpus, file, start, lost: Arc::default() }
+        MockHealth { node: node.to_string(), gpus, file, read: Arc::new(start.into()), lost: Arc::default() }
     }
 
     fn uuid(&self, index: &str) -> Result<String, String> {
@@ -122,11 +123,12 @@ impl HealthBackend for MockHealth {
         let Some(path) = &self.file else {
             return;
         };
-        let mut offset = self.start;
+        let mut offset = self.read.load(Ordering::Relaxed);
         let mut partial = String::new();
         while !stop.load(Ordering::Relaxed) {
             match read_from(path, &mut offset) {
                 Ok(text) if !text.is_empty() => {
+                    self.read.store(offset, Ordering::Relaxed);
                     partial.push_str(&text);
                     while let Some(end) = partial.find('\n') {
                         let line: String = partial.drain(..=end).collect();
@@ -140,7 +142,10 @@ impl HealthBackend for MockHealth {
                     }
                 }
                 Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => offset = 0,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    offset = 0;
+                    self.read.store(0, Ordering::Relaxed);
+                }
                 Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot read the mock events file"),
             }
             std::thread::sleep(MOCK_POLL);
