@@ -106,16 +106,30 @@ impl HealthMonitor {
                         }
                     }
                     _ = probe.tick() => {
-                        let gpus: Vec<String> = view.gpus.keys().cloned().collect();
+                        // (GPU, whether it has an XID condition): only those need the recovery action.
+                        let gpus: Vec<(String, bool)> = view
+                            .gpus
+                            .iter()
+                            .map(|(g, h)| (g.clone(), h.conditions.contains_key(&ConditionKind::Xid)))
+                            .collect();
                         let prober = backend.clone();
                         let results = tokio::task::spawn_blocking(move || {
-                            gpus.into_iter().map(|g| { let ok = prober.probe(&g); (g, ok) }).collect::<Vec<_>>()
+                            gpus.into_iter()
+                                .map(|(g, xid)| {
+                                    let ok = prober.probe(&g);
+                                    let none_needed = ok && xid && prober.recovery_action(&g) == Some(0);
+                                    (g, ok, none_needed)
+                                })
+                                .collect::<Vec<_>>()
                         })
                         .await
                         .unwrap_or_default();
                         let now = SystemTime::now();
-                        for (gpu, ok) in results {
-                            changes.extend(view.apply(Event::Probe { gpu, ok }, now, &settings.rules));
+                        for (gpu, ok, none_needed) in results {
+                            changes.extend(view.apply(Event::Probe { gpu: gpu.clone(), ok }, now, &settings.rules));
+                            if none_needed {
+                                changes.extend(view.apply(Event::NoRecoveryNeeded { gpu }, now, &settings.rules));
+                            }
                         }
                         changes.extend(view.recover(now, &settings.rules));
                     }
@@ -199,6 +213,13 @@ fn log_change(c: &Change) {
         Change::Cleared { gpu, kind: ConditionKind::Unmonitored, .. } => {
             info!(gpu = %gpu, "GPU is monitored for XID events again")
         }
+        Change::ClearedByNvml { gpu, lasted } => info!(
+            gpu = %gpu,
+            condition = ConditionKind::Xid.key(),
+            tainted_seconds = lasted.as_secs(),
+            "GPU recovered (NVML says it needs no recovery action); taint removed after {}",
+            crate::config::bounds::show(Duration::from_secs(lasted.as_secs()))
+        ),
         Change::Cleared { gpu, kind, lasted } => info!(
             gpu = %gpu,
             condition = kind.key(),

@@ -4,18 +4,24 @@
 //! bounded waits until shutdown. A GPU that supports neither event, or whose handle
 //! cannot be had, is reported as not monitored; MIG devices are covered by their parent
 //! GPU's registration (NVML reports their events there). The probe asks NVML for the
-//! GPU by UUID and reads its PCI info.
+//! GPU by UUID and reads its PCI info; the recovery action is NVML's field 230, which
+//! drivers without it do not answer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::structs::device::FieldId;
 
 use super::source::{HealthBackend, Sink, WAIT};
 use super::view::{Event, XID_UNKNOWN};
 use crate::inventory::nvml::NvmlBackend;
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: what the driver says a GPU needs after an error.
+const FIELD_RECOVERY_ACTION: u32 = 230;
 
 /// The event types edra watches.
 const WATCHED: EventTypes = EventTypes::CRITICAL_XID_ERROR.union(EventTypes::DOUBLE_BIT_ECC_ERROR);
@@ -139,6 +145,17 @@ impl HealthBackend for NvmlHealth {
     fn probe(&self, uuid: &str) -> bool {
         let nvml = self.backend.nvml();
         nvml.device_by_uuid(uuid).and_then(|d| d.pci_info()).is_ok()
+    }
+
+    fn recovery_action(&self, uuid: &str) -> Option<u64> {
+        let device = self.backend.nvml().device_by_uuid(uuid).ok()?;
+        let samples = device.field_values_for(&[FieldId(FIELD_RECOVERY_ACTION)]).ok()?;
+        match samples.into_iter().next()?.ok()?.value.ok()? {
+            SampleValue::U32(v) => Some(u64::from(v)),
+            SampleValue::U64(v) => Some(v),
+            SampleValue::I64(v) => u64::try_from(v).ok(),
+            SampleValue::F64(_) => None,
+        }
     }
 }
 

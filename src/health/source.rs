@@ -14,6 +14,7 @@
 //! back 1          # GPU 1 answers the probe again
 //! unmonitored 2   # GPU 2 cannot be watched for events
 //! monitored 2     # GPU 2 can be watched again
+//! recovery 0 0    # NVML's recovery action for GPU 0 is now 0, none (1: GPU reset, ...)
 //! ```
 
 use std::collections::BTreeSet;
@@ -41,6 +42,11 @@ pub trait HealthBackend: Send + Sync {
     fn watch(&self, gpus: &[String], sink: Sink<'_>, stop: &AtomicBool);
     /// Whether GPU `uuid` answers a light query now.
     fn probe(&self, uuid: &str) -> bool;
+    /// NVML's recovery action for GPU `uuid` (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: 0
+    /// none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset), when known.
+    fn recovery_action(&self, _uuid: &str) -> Option<u64> {
+        None
+    }
 }
 
 /// The mock backend's health: events from `mock.events_file`, GPU indexes mapped to the
@@ -54,13 +60,21 @@ pub struct MockHealth {
     /// first): only lines after it count, also for a watch started again.
     read: Arc<std::sync::atomic::AtomicU64>,
     lost: Arc<Mutex<BTreeSet<String>>>,
+    recovery: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
 }
 
 impl MockHealth {
     /// Events from `file` (none when `None`) for the `gpus` mock GPUs of `node`.
     pub fn new(node: &str, gpus: u32, file: Option<PathBuf>) -> Self {
         let start = file.as_deref().and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len()).unwrap_or(0);
-        MockHealth { node: node.to_string(), gpus, file, read: Arc::new(start.into()), lost: Arc::default() }
+        MockHealth {
+            node: node.to_string(),
+            gpus,
+            file,
+            read: Arc::new(start.into()),
+            lost: Arc::default(),
+            recovery: Arc::default(),
+        }
     }
 
     fn uuid(&self, index: &str) -> Result<String, String> {
@@ -106,10 +120,16 @@ impl MockHealth {
                 Event::Unmonitored { gpu: self.uuid(gpu)?, reason: "the mock events file says so".into() }
             }
             ["monitored", gpu] => Event::Monitored { gpu: self.uuid(gpu)? },
-            _ => return Err(
-                "expected xid <gpu> <xid>, dbe <gpu>, lost [<gpu>], back <gpu>, unmonitored <gpu> or monitored <gpu>"
-                    .into(),
-            ),
+            ["recovery", gpu, action] => {
+                let action = action.parse().map_err(|_| format!("{action:?} is not a recovery action number"))?;
+                self.recovery.lock().unwrap_or_else(PoisonError::into_inner).insert(self.uuid(gpu)?, action);
+                return Ok(None);
+            }
+            _ => {
+                return Err("expected xid <gpu> <xid>, dbe <gpu>, lost [<gpu>], back <gpu>, unmonitored <gpu>, \
+                            monitored <gpu> or recovery <gpu> <action>"
+                    .into());
+            }
         };
         Ok(Some(event))
     }
@@ -154,6 +174,10 @@ impl HealthBackend for MockHealth {
 
     fn probe(&self, uuid: &str) -> bool {
         !self.lost.lock().unwrap_or_else(PoisonError::into_inner).contains(uuid)
+    }
+
+    fn recovery_action(&self, uuid: &str) -> Option<u64> {
+        self.recovery.lock().unwrap_or_else(PoisonError::into_inner).get(uuid).copied()
     }
 }
 
@@ -212,6 +236,9 @@ mod tests {
         assert!(m.parse("xid 2 79").expect_err("no GPU 2").contains("does not exist"));
         assert!(m.parse("xid 0 lots").is_err());
         assert!(m.parse("reboot").is_err());
+        assert_eq!(m.recovery_action(&gpu0), None);
+        assert_eq!(m.parse("recovery 0 0").expect("recovery"), None);
+        assert_eq!(m.recovery_action(&gpu0), Some(0));
     }
 
     #[test]

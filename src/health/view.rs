@@ -6,7 +6,8 @@
 //! A condition's `since` is the taint's `timeAdded`: it is set when the condition appears
 //! (or is raised from informational to fatal) and kept while the condition lasts, however
 //! many events repeat it. A fatal condition clears once its GPU answers the probe and no
-//! critical event came for the quiet period; "not monitored" clears when monitoring works.
+//! critical event came for the quiet period — an XID also as soon as NVML's recovery
+//! action for the GPU reads "none"; "not monitored" clears when monitoring works.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -114,6 +115,9 @@ pub enum Event {
     Monitored { gpu: String },
     /// The light probe reached the GPU (`true`) or not.
     Probe { gpu: String, ok: bool },
+    /// NVML's recovery action for the GPU is "none" (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`
+    /// reads 0): the driver needs no reset or reboot, so an XID condition may clear now.
+    NoRecoveryNeeded { gpu: String },
 }
 
 /// What applying events or the clock changed, for the log and the metrics.
@@ -123,8 +127,11 @@ pub enum Change {
     Raised { gpu: String, condition: Condition },
     /// An XID on the ignore list came (nothing else changes).
     Ignored { gpu: String, xid: u64 },
-    /// A condition cleared after lasting `lasted`.
+    /// A condition cleared after lasting `lasted`: the GPU answered and stayed quiet.
     Cleared { gpu: String, kind: ConditionKind, lasted: Duration },
+    /// An XID condition cleared after lasting `lasted` because NVML says no recovery
+    /// action is needed.
+    ClearedByNvml { gpu: String, lasted: Duration },
 }
 
 /// How events are judged.
@@ -206,6 +213,15 @@ impl HealthView {
             Event::Monitored { gpu } => self.clear(&gpu, ConditionKind::Unmonitored, now).into_iter().collect(),
             Event::Probe { gpu, ok: false } => {
                 self.lose(&gpu, "the GPU does not answer (NVML cannot find it by its UUID)", now)
+            }
+            Event::NoRecoveryNeeded { gpu } => {
+                if !self.gpus.get(&gpu).is_some_and(|g| g.reachable) {
+                    return Vec::new();
+                }
+                match self.clear(&gpu, ConditionKind::Xid, now) {
+                    Some(Change::Cleared { gpu, lasted, .. }) => vec![Change::ClearedByNvml { gpu, lasted }],
+                    _ => Vec::new(),
+                }
             }
             Event::Probe { gpu, ok: true } => {
                 self.gpus

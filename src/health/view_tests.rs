@@ -143,3 +143,17 @@ fn persisted_conditions_survive_a_round_trip() {
     let back: BTreeMap<String, GpuHealth> = serde_json::from_str(&text).expect("decode");
     assert_eq!(back, v.gpus);
 }
+
+#[test]
+fn nvml_saying_no_recovery_is_needed_clears_an_xid_at_once() {
+    let mut v = view();
+    let r = rules();
+    v.apply(xid(79), at(10), &r);
+    v.apply(Event::Lost { gpu: Some(GPU.into()) }, at(11), &r);
+    assert!(v.apply(Event::NoRecoveryNeeded { gpu: GPU.into() }, at(12), &r).is_empty(), "not while unreachable");
+    v.apply(Event::Probe { gpu: GPU.into(), ok: true }, at(13), &r);
+    let changes = v.apply(Event::NoRecoveryNeeded { gpu: GPU.into() }, at(14), &r);
+    assert_eq!(changes, vec![Change::ClearedByNvml { gpu: GPU.into(), lasted: Duration::from_secs(4) }]);
+    assert!(v.gpus[GPU].conditions.contains_key(&ConditionKind::GpuLost), "lost waits for the quiet period");
+    assert!(v.apply(Event::NoRecoveryNeeded { gpu: GPU.into() }, at(15), &r).is_empty());
+}

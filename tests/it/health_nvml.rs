@@ -90,6 +90,12 @@ fn registered_gpus_report_xids_ecc_errors_and_losses() {
     assert!(health.probe(&uuid(0)));
     assert!(!health.probe("GPU-ffffffff-0000-0000-0000-000000000000"));
 
+    // NVML's recovery action (field 230): unknown until the driver answers it.
+    assert_eq!(health.recovery_action(&uuid(0)), None);
+    std::fs::write(stub.dir.path().join("nvml_stub.recovery"), "0 1\n1 0\n").expect("write recovery actions");
+    assert_eq!(health.recovery_action(&uuid(0)), Some(1), "GPU reset needed");
+    assert_eq!(health.recovery_action(&uuid(1)), Some(0));
+
     stop.store(true, Ordering::Relaxed);
     watching.join().expect("the watch ends within its bounded wait");
     assert!(rx.try_recv().is_err(), "nothing else was reported");

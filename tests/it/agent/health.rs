@@ -136,6 +136,20 @@ async fn a_lost_gpu_taints_every_device_of_it_until_it_is_back_for_the_quiet_per
     agent.stop().await;
 }
 
+#[tokio::test]
+async fn nvml_saying_no_recovery_is_needed_removes_an_xid_taint_before_the_quiet_period() {
+    let cluster = Cluster::start().await;
+    let events = events_file(&cluster);
+    let agent = Agent::start(cluster.fs(), cluster.config_with(NODE, &mock(&events, "1h", ""))).await;
+    cluster.wait_published(NODE, GPUS).await;
+    inject(&events, "recovery 0 1");
+    inject(&events, "xid 0 79");
+    wait_taint(&cluster, "gpu-0", XID_KEY, true).await;
+    inject(&events, "recovery 0 0");
+    wait_taint(&cluster, "gpu-0", XID_KEY, false).await;
+    agent.stop().await;
+}
+
 fn unix_now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }

@@ -27,6 +27,10 @@
  * nvmlDeviceRegisterEvents refuses types a GPU does not support with NOT_SUPPORTED.
  * nvmlInit_v2 and nvmlShutdown are reference-counted, as NVML's are.
  *
+ * Field 230 (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) answers a GPU's last "<gpu position>
+ * <action>" line of "nvml_stub.recovery" beside the library; without one it is
+ * NOT_SUPPORTED, as on drivers that lack the field. Other fields are NOT_SUPPORTED.
+ *
  * Compute modes outlive the process, as a GPU's do: nvmlDeviceSetComputeMode appends
  * "<uuid> <mode>" to "nvml_stub.modes" beside the library, and nvmlDeviceGetComputeMode
  * answers a GPU's last line there (none: 0, DEFAULT). MIG handles are refused with
@@ -92,6 +96,7 @@ static char driver_version[80] = "550.54.15";
 static int cuda_version = 12040;
 static char modes_path[4200];
 static char events_path[4200];
+static char recovery_path[4200];
 static long events_offset;
 
 static int failure(const char *call, const struct dev *d) {
@@ -171,6 +176,7 @@ static int load_config(void) {
     snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "nvml_stub.conf");
     snprintf(modes_path, sizeof modes_path, "%.*snvml_stub.modes", (int)(slash + 1 - path), path);
     snprintf(events_path, sizeof events_path, "%.*snvml_stub.events", (int)(slash + 1 - path), path);
+    snprintf(recovery_path, sizeof recovery_path, "%.*snvml_stub.recovery", (int)(slash + 1 - path), path);
     FILE *fp = fopen(path, "r");
     if (fp == NULL) return ERR_DRIVER_NOT_LOADED;
     memset(devs, 0, sizeof devs);
@@ -524,4 +530,44 @@ int nvmlEventSetWait_v2(void *set, event_data_t *data, unsigned timeoutms) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+}
+
+typedef struct {
+    unsigned fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned valueType, nvmlReturn;
+    unsigned long long value;
+} field_value_t;
+
+/* The GPU's last recovery action in nvml_stub.recovery, or -1. */
+static long long recovery_action(const struct dev *d) {
+    FILE *fp = fopen(recovery_path, "r");
+    if (fp == NULL) return -1;
+    long long found = -1;
+    unsigned pos, action;
+    char line[128];
+    while (fgets(line, sizeof line, fp) != NULL) {
+        if (sscanf(line, "%u %u", &pos, &action) == 2 && nth_gpu(pos) == d) found = action;
+    }
+    fclose(fp);
+    return found;
+}
+
+int nvmlDeviceGetFieldValues(void *h, int count, field_value_t *values) {
+    DEVICE("nvmlDeviceGetFieldValues");
+    if (count < 0 || (count > 0 && values == NULL)) return ERR_INVALID_ARGUMENT;
+    const struct dev *gpu = d->is_mig ? &devs[d->parent] : d;
+    for (int i = 0; i < count; i++) {
+        long long action = values[i].fieldId == 230 ? recovery_action(gpu) : -1;
+        values[i].latencyUsec = 0;
+        values[i].timestamp = 0;
+        if (action < 0) {
+            values[i].nvmlReturn = ERR_NOT_SUPPORTED;
+            continue;
+        }
+        values[i].nvmlReturn = SUCCESS;
+        values[i].valueType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+        values[i].value = (unsigned long long)action;
+    }
+    return SUCCESS;
 }
