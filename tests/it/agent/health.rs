@@ -10,7 +10,7 @@ use edra::plugin::proto::health_v1alpha1 as health;
 use edra::plugin::proto::registration::InfoRequest;
 use serde_json::Value;
 
-use crate::support::agent::{Agent, CapturedLogs, Cluster, DRIVER, GPUS, NODE, WAIT};
+use crate::support::agent::{Agent, CapturedLogs, ChildAgent, Cluster, DRIVER, GPUS, NODE, WAIT};
 use crate::support::apiserver::{ApiVersion, Options};
 use crate::support::kubelet;
 
@@ -275,6 +275,33 @@ async fn informational_taints_go_only_to_servers_that_know_the_none_effect() {
         assert_eq!(failed, 0, "{git_version}: no write was refused");
         agent.stop().await;
     }
+}
+
+#[tokio::test]
+async fn the_real_binary_is_driven_sick_survives_kill_9_with_its_taint_and_recovers() {
+    let cluster = Cluster::start().await;
+    let events = events_file(&cluster);
+    let config = cluster.config_file_with(NODE, &mock(&events, "1h", ""));
+    let mut agent = ChildAgent::start_configured(&cluster, &config, "", &[]).await;
+    cluster.wait_published(NODE, GPUS).await;
+    inject(&events, "xid 3 94");
+    wait_taint(&cluster, "gpu-3", XID_KEY, true).await;
+    let before = taints_of(&cluster.slices_on(NODE), "gpu-3")[0].clone();
+    agent.kill().await;
+
+    let started = unix_now();
+    while unix_now() == started {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.server.delete_slices_where(NODE, Some(DRIVER));
+    let agent = ChildAgent::start_configured(&cluster, &config, "", &[]).await;
+    wait_taint(&cluster, "gpu-3", XID_KEY, true).await;
+    assert_eq!(taints_of(&cluster.slices_on(NODE), "gpu-3")[0], before, "the same taint, timeAdded included");
+    assert!(agent.stderr().contains("GPU condition kept from before the restart"), "{}", agent.stderr());
+
+    inject(&events, "recovery 3 0");
+    wait_taint(&cluster, "gpu-3", XID_KEY, false).await;
+    agent.terminate().await;
 }
 
 /// The next message of a health stream, within [`WAIT`].
