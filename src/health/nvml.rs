@@ -101,6 +101,20 @@ fn register<'n>(nvml: &'n Nvml, gpus: &[String], sink: Sink<'_>) -> Option<nvml_
     Some(set)
 }
 
+impl NvmlHealth {
+    /// NVML lost a GPU without saying which: the GPUs that fail the probe are lost; if
+    /// every GPU answers, all of them are (as NVIDIA's own driver decides).
+    fn report_lost(&self, gpus: &[String], sink: Sink<'_>) {
+        let lost: Vec<&String> = gpus.iter().filter(|g| !self.probe(g)).collect();
+        if lost.is_empty() {
+            sink(Event::Lost { gpu: None });
+        }
+        for gpu in lost {
+            sink(Event::Lost { gpu: Some(gpu.clone()) });
+        }
+    }
+}
+
 impl HealthBackend for NvmlHealth {
     fn watch(&self, gpus: &[String], sink: Sink<'_>, stop: &AtomicBool) {
         let nvml = self.backend.nvml();
@@ -114,8 +128,8 @@ impl HealthBackend for NvmlHealth {
                 Ok(data) => {
                     let gpu = data.device.uuid().ok();
                     let Some(gpu) = gpu else {
-                        // As NVIDIA's driver does: an event from a GPU NVML cannot name.
-                        sink(Event::Lost { gpu: None });
+                        // An event from a GPU NVML cannot name: lost, but which?
+                        self.report_lost(gpus, sink);
                         continue;
                     };
                     if data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
@@ -131,7 +145,7 @@ impl HealthBackend for NvmlHealth {
                 }
                 Err(NvmlError::Timeout) => {}
                 Err(NvmlError::GpuLost) => {
-                    sink(Event::Lost { gpu: None });
+                    self.report_lost(gpus, sink);
                     pause(stop);
                 }
                 Err(e) => {

@@ -46,7 +46,7 @@ fn append(stub: &StubNvml, line: &str) {
 #[test]
 fn registered_gpus_report_xids_ecc_errors_and_losses() {
     let stub = StubNvml::new(&format!(
-        "{}{}{}fail;call=nvmlDeviceRegisterEvents;device=2;code=3\n",
+        "{}{}{}fail;call=nvmlDeviceRegisterEvents;device=2;code=3\nfail;call=nvmlDeviceGetPciInfo_v3;device=2;code=15\n",
         a100(0, 0, "00000000:3B:00.0", false),
         a100(1, 1, "00000000:86:00.0", false).replace('\n', ";events=4\n"),
         a100(2, 2, "00000000:AF:00.0", false),
@@ -84,10 +84,12 @@ fn registered_gpus_report_xids_ecc_errors_and_losses() {
     assert_eq!(next(), Event::DoubleBitEcc { gpu: uuid(0) });
     append(&stub, "0 xid 999");
     assert_eq!(next(), Event::Xid { gpu: uuid(0), xid: 999 });
+    // NVML says a GPU is lost without naming it: the one that does not answer is.
     append(&stub, "lost");
-    assert_eq!(next(), Event::Lost { gpu: None });
+    assert_eq!(next(), Event::Lost { gpu: Some(uuid(2)) });
 
     assert!(health.probe(&uuid(0)));
+    assert!(!health.probe(&uuid(2)), "its PCI info fails: GPU is lost");
     assert!(!health.probe("GPU-ffffffff-0000-0000-0000-000000000000"));
 
     // NVML's recovery action (field 230): unknown until the driver answers it.
