@@ -5,11 +5,14 @@
 //! backoff and the owner refresh are tested in paused time without an API server; new
 //! reasons to publish (counters, taints, shares) come in as inputs and transitions here.
 //!
-//! The cycle: the watch lists (`Unsynced` → due) → after the debounce [`plan`] runs; an
-//! empty plan means the API matches (`Idle`); a plan that creates slices first re-reads the
-//! Node (a Node re-created under a new uid takes its slices with it, and new slices must
-//! name the new owner); then the writes are applied and the pool re-planned at once. A
-//! failure backs off with jitter; changes while backing off do not hurry the retry.
+//! The cycle: the watch lists (`Unsynced` → due) → after the debounce the plan
+//! ([`plan_tainted`]) runs; an empty plan means the API matches (`Idle`); a plan that
+//! creates slices first re-reads the Node (a Node re-created under a new uid takes its
+//! slices with it, and new slices must name the new owner); then the writes are applied
+//! and the pool re-planned at once. A failure backs off with jitter; changes while backing
+//! off do not hurry the retry. GPU health comes in as [`Input::Health`]: its taints are
+//! planned with the inventory, and a server that drops them (the answer to a write
+//! carrying taints has none) is written without them from then on, logged once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
