@@ -373,7 +373,7 @@ async fn list_device_health(
         let inv = inventory.borrow_and_update().clone();
         let snapshot = health.borrow_and_update().clone();
         let now = std::time::SystemTime::now();
-        let devices = inv
+        let devices: Vec<DeviceHealth> = inv
             .devices
             .iter()
             .map(|d| {
@@ -392,7 +392,18 @@ async fn list_device_health(
                 }
             })
             .collect();
-        list.send_replace(Arc::new(devices));
+        // Only real changes go to the kubelet (an ignored XID changes the counts, not this).
+        list.send_if_modified(|current| {
+            let same = |a: &DeviceHealth, b: &DeviceHealth| {
+                (&a.pool_name, &a.device_name, a.health, &a.message)
+                    == (&b.pool_name, &b.device_name, b.health, &b.message)
+            };
+            let unchanged = current.len() == devices.len() && current.iter().zip(&devices).all(|(a, b)| same(a, b));
+            if !unchanged {
+                *current = Arc::new(devices);
+            }
+            !unchanged
+        });
         tokio::select! {
             r = inventory.changed() => if r.is_err() { return },
             r = health.changed() => if r.is_err() { return },
