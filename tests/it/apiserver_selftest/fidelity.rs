@@ -62,7 +62,7 @@ async fn stored_quantities_are_canonical_and_invalid_ones_rejected() -> Result<(
 }
 
 #[tokio::test]
-async fn taints_get_time_added_once() -> Result<()> {
+async fn taints_without_time_added_get_the_current_time_on_every_write() -> Result<()> {
     let (_server, client) = start(Options::default()).await?;
     let mut body = slice("s", "n", "gpu.example.com", 1);
     body["spec"]["devices"][0]["taints"] =
