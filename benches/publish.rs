@@ -1,5 +1,6 @@
 //! ResourceSlice publishing: API traffic of the first publish, writes at an accelerated
-//! steady state, and how fast a wiped pool is repaired. The agent (`edra::app::run`) runs
+//! steady state, how fast a wiped pool is repaired, and how fast an injected fatal XID
+//! becomes a device taint in the API server. The agent (`edra::app::run`) runs
 //! in-process on its own two-thread runtime against the test API server on loopback HTTPS.
 //! Prints tables; `cargo bench --bench publish`.
 
@@ -20,13 +21,16 @@ const STEADY: Duration = Duration::from_secs(30);
 /// Forced watch reconnects (`close_watches`) during the steady state: one per second.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 const WIPES: usize = 30;
+/// Rounds of XID injections, one per GPU each.
+const XID_ROUNDS: usize = 4;
 
 #[tokio::main]
 async fn main() {
     println!("# edra publish benchmark (agent in-process, API server on loopback HTTPS, node credentials)\n");
     let opts = Options { bookmark_interval: Duration::from_millis(100), ..Options::default() };
-    let site =
-        Site::new(opts, SiteSettings { gpus: GPUS as u32, rediscovery: "100ms", ..SiteSettings::default() }).await;
+    let settings =
+        SiteSettings { gpus: GPUS as u32, rediscovery: "1s", health_events: true, ..SiteSettings::default() };
+    let site = Site::new(opts, settings).await;
 
     // (a) First publish: from agent start to all devices published.
     let start = Instant::now();
@@ -60,9 +64,9 @@ async fn main() {
     let log = site.server.requests();
     let writes = site.server.writes_since(mark);
     println!(
-        "## (b) Steady state, accelerated: {}s real time, rediscovery every 100 ms (~{} runs), bookmarks every 100 ms, {reconnects} forced watch reconnects\n",
+        "## (b) Steady state, accelerated: {}s real time, rediscovery every second (the shortest publish.rediscovery_interval, ~{} runs), bookmarks every 100 ms, {reconnects} forced watch reconnects\n",
         STEADY.as_secs(),
-        STEADY.as_millis() / 100
+        STEADY.as_secs()
     );
     println!("{}\n", verb_table(&log, mark));
     println!(
@@ -94,5 +98,38 @@ async fn main() {
         repair_writes.iter().min().copied().unwrap_or(0),
         repair_writes.iter().max().copied().unwrap_or(0)
     );
+
+    // (d) Injected XID 79 → the GPU's taint in the API server.
+    let tainted = |s: &support::apiserver::State, device: &str| {
+        s.slices_on(NODE).iter().flat_map(|sl| sl["spec"]["devices"].as_array().cloned().unwrap_or_default()).any(|d| {
+            d["name"] == device
+                && d["taints"].as_array().is_some_and(|t| t.iter().any(|t| t["key"] == "gpu.edra.dev/xid"))
+        })
+    };
+    let mut taint = Samples::default();
+    let mut clear = Samples::default();
+    for _ in 0..XID_ROUNDS {
+        for gpu in 0..GPUS {
+            let device = format!("gpu-{gpu}");
+            let t = Instant::now();
+            site.inject(&format!("xid {gpu} 79"));
+            site.server.wait_for("the taint", Duration::from_secs(10), |s| tainted(s, &device)).await.expect("tainted");
+            taint.push(t.elapsed());
+        }
+        let t = Instant::now();
+        site.server
+            .wait_for("recovery", Duration::from_secs(20), |s| (0..GPUS).all(|g| !tainted(s, &format!("gpu-{g}"))))
+            .await
+            .expect("recovered");
+        clear.push(t.elapsed());
+    }
+    println!(
+        "## (d) GPU health: injected XID 79 (mock events file) → taint in the API server ({} injections)\n",
+        taint.0.len()
+    );
+    println!("{}", latency_header());
+    println!("{}", taint.row("XID 79 appended → NoSchedule taint visible"));
+    println!("{}", clear.row("last taint visible → all gone (quiet 1 s)"));
+    println!();
     agent.stop();
 }

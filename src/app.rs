@@ -16,10 +16,12 @@ use tokio::sync::{oneshot, watch};
 use tracing::{error, info, warn};
 
 use crate::config::Config;
+use crate::health::view::Rules;
+use crate::health::{DeviceState, HealthBackend, HealthMonitor, HealthSettings, HealthSnapshot, MockHealth};
 use crate::inventory::{self, DeviceBackend, Inventory};
 use crate::kube::backoff::Backoff;
 use crate::kube::{self, Client, Cluster};
-use crate::plugin::{PluginOptions, PluginServer, RegistrationState};
+use crate::plugin::{DeviceHealth, Health, HealthList, PluginOptions, PluginServer, RegistrationState};
 use crate::prepare::{PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
@@ -156,8 +158,28 @@ pub async fn run_signalling(
     let store_health = preparer.store().health();
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
+    let monitor = HealthMonitor::start(
+        health_backend(&config, backend.name()),
+        inventory_rx.clone(),
+        HealthSettings {
+            rules: Rules { ignored_xids: config.health.ignored_xids.clone(), quiet_period: config.health.quiet_period },
+            probe_interval: config.health.probe_interval,
+        },
+        config.paths.state_dir.clone(),
+        shutdown.clone(),
+    )
+    .await;
+    let health_snapshot = monitor.snapshot.clone();
+    let (health_list_tx, health_list_rx) = watch::channel(HealthList::default());
+    let listing_health = tokio::spawn(list_device_health(
+        config.node_name.clone(),
+        inventory_rx.clone(),
+        health_snapshot.clone(),
+        health_list_tx,
+        shutdown.clone(),
+    ));
     let calls = CallMetrics::new();
-    let options = PluginOptions { observer: Some(calls.clone()), ..PluginOptions::default() };
+    let options = PluginOptions { observer: Some(calls.clone()), health: Some(health_list_rx) };
     let gpu_changes = preparer.gpu_change_counts();
     let mps_stats = preparer.mps_stats();
     let supervising = tokio::spawn(supervise_mps(preparer.clone(), config.mps.check_interval, shutdown.clone()));
@@ -174,7 +196,7 @@ pub async fn run_signalling(
         config.driver_name.clone(),
         config.node_name.clone(),
         config.sharing.clone(),
-        inventory_rx,
+        (inventory_rx.clone(), health_snapshot.clone()),
         status_tx,
         shutdown.clone(),
     ));
@@ -191,6 +213,7 @@ pub async fn run_signalling(
         let mut metrics = Metrics::new(&calls, sources);
         metrics.register_gpu_changes(gpu_changes);
         metrics.register_mps(mps_stats);
+        metrics.register_health(inventory_rx.clone(), health_snapshot.clone());
         listener.serve(Endpoints { metrics, readiness }, shutdown.clone())
     });
     let notifier = systemd_notifier();
@@ -203,9 +226,8 @@ pub async fn run_signalling(
         let _ = n.stopping();
     }
     let aborted = plugin.shutdown(config.shutdown_grace).await;
-    for task in
-        [publishing, rediscovering, readiness, healing, supervising].into_iter().chain(watchdog).chain(serving_metrics)
-    {
+    let tasks = [publishing, rediscovering, readiness, healing, supervising, listing_health, monitor.task];
+    for task in tasks.into_iter().chain(watchdog).chain(serving_metrics) {
         let _ = task.await;
     }
     if aborted > 0 {
@@ -324,6 +346,73 @@ async fn discover(backend: &Arc<dyn DeviceBackend>) -> Result<Inventory, invento
     }
 }
 
+/// Where health events come from: the mock's events file, or NVML's event API on an
+/// instance of its own (the library is reference-counted by the driver).
+fn health_backend(config: &Config, backend: &str) -> Arc<dyn HealthBackend> {
+    if backend == "mock" {
+        return Arc::new(MockHealth::new(&config.node_name, config.mock.gpus, config.mock.events_file.clone()));
+    }
+    match inventory::nvml::NvmlBackend::load(config) {
+        Ok(nvml) => Arc::new(crate::health::nvml::NvmlHealth::new(nvml)),
+        Err(e) => {
+            let reason = format!("NVML could not be loaded for events: {}", error_chain(&e));
+            Arc::new(crate::health::source::Unwatched { reason })
+        }
+    }
+}
+
+/// Keeps the kubelet's device health list (every device, its state and why) up to date
+/// with the inventory and the GPUs' health.
+async fn list_device_health(
+    pool: String,
+    mut inventory: watch::Receiver<Arc<Inventory>>,
+    mut health: watch::Receiver<Arc<HealthSnapshot>>,
+    list: watch::Sender<HealthList>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let inv = inventory.borrow_and_update().clone();
+        let snapshot = health.borrow_and_update().clone();
+        let now = std::time::SystemTime::now();
+        let devices: Vec<DeviceHealth> = inv
+            .devices
+            .iter()
+            .map(|d| {
+                let (state, message) = snapshot.device_state(d);
+                DeviceHealth {
+                    pool_name: pool.clone(),
+                    device_name: d.name.clone(),
+                    health: match state {
+                        DeviceState::Healthy => Health::Healthy,
+                        DeviceState::Unhealthy => Health::Unhealthy,
+                        DeviceState::Unknown => Health::Unknown,
+                    },
+                    last_updated: now,
+                    timeout: None,
+                    message,
+                }
+            })
+            .collect();
+        // Only real changes go to the kubelet (an ignored XID changes the counts, not this).
+        list.send_if_modified(|current| {
+            let same = |a: &DeviceHealth, b: &DeviceHealth| {
+                (&a.pool_name, &a.device_name, a.health, &a.message)
+                    == (&b.pool_name, &b.device_name, b.health, &b.message)
+            };
+            let unchanged = current.len() == devices.len() && current.iter().zip(&devices).all(|(a, b)| same(a, b));
+            if !unchanged {
+                *current = Arc::new(devices);
+            }
+            !unchanged
+        });
+        tokio::select! {
+            r = inventory.changed() => if r.is_err() { return },
+            r = health.changed() => if r.is_err() { return },
+            () = stopped(&mut shutdown) => return,
+        }
+    }
+}
+
 /// Rediscovers devices periodically and passes changes on.
 async fn rediscover(
     backend: Arc<dyn DeviceBackend>,
@@ -361,7 +450,7 @@ async fn publish(
     driver: String,
     node: String,
     sharing: crate::sharing::SharingSettings,
-    inventory: watch::Receiver<Arc<Inventory>>,
+    (inventory, health): (watch::Receiver<Arc<Inventory>>, watch::Receiver<Arc<HealthSnapshot>>),
     status: watch::Sender<PublishStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -399,8 +488,15 @@ async fn publish(
     };
     info!(api = api.version(), node = %node, "publishing ResourceSlices");
     let identity = NodeIdentity { name: node, uid };
+    // The `None` taint effect needs Kubernetes 1.35; `/version` says which this is.
+    let version = match until_stopped(cluster.client().server_version(), &mut shutdown).await {
+        None => return,
+        Some(v) => v.ok(),
+    };
+    let none_effect = crate::publish::reconcile::accepts_none_effect(api, version.as_deref());
     Publisher::new(cluster.client().clone(), api, driver, identity, inventory, status)
         .with_sharing(sharing)
+        .with_health(health, none_effect)
         .run(shutdown)
         .await;
 }

@@ -11,6 +11,7 @@
 //! - [`plugin`]: the kubelet's gRPC APIs on Unix sockets (registration, DRAPlugin).
 //! - [`prepare`]: claim preparation: opaque configs, CDI specs, driver files.
 //! - [`gpu`]: actuators with side effects on a GPU (compute mode, time-slice).
+//! - [`health`]: GPU health from NVML events and probes: conditions that become taints.
 //! - [`device_config`]: the opaque `GpuConfig` model, shared by prepare and state.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
 //! - [`doctor`]: `edra doctor`, node and cluster checks that say what to fix.
@@ -29,6 +30,7 @@ pub mod doctor;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gpu;
+pub mod health;
 pub mod hook;
 pub mod instance;
 pub mod inventory;

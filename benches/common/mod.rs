@@ -48,6 +48,9 @@ pub struct SiteSettings {
     /// `kubernetes.qps` and `kubernetes.burst`; `None` keeps edra's defaults (100/s, 200).
     pub rate_limit: Option<(u32, u32)>,
     pub layout: Layout,
+    /// Health events from `<dir>/gpu-events` (see [`Site::inject`]), probed every 100 ms,
+    /// recovering after a quiet second.
+    pub health_events: bool,
 }
 
 /// Where the state and CDI directories live.
@@ -69,11 +72,26 @@ pub fn disk_tmp_root() -> PathBuf {
 
 impl Default for SiteSettings {
     fn default() -> Self {
-        Self { gpus: 8, rediscovery: "60s", log_level: "warn", rate_limit: None, layout: Layout::Production }
+        Self {
+            gpus: 8,
+            rediscovery: "60s",
+            log_level: "warn",
+            rate_limit: None,
+            layout: Layout::Production,
+            health_events: false,
+        }
     }
 }
 
 impl Site {
+    /// Appends `line` to the mock backend's events file (`health_events` sites).
+    pub fn inject(&self, line: &str) {
+        use std::io::Write;
+        let path = self.dir.path().join("gpu-events");
+        let mut f = std::fs::OpenOptions::new().append(true).open(path).expect("open the events file");
+        writeln!(f, "{line}").expect("append an event");
+    }
+
     /// Starts the server (node authorizer on, as on a real cluster with node credentials)
     /// and writes the configuration.
     pub async fn new(opts: Options, settings: SiteSettings) -> Site {
@@ -119,6 +137,7 @@ rediscovery_interval = "{rediscovery}"
 
 [mock]
 gpus = {gpus}
+{health}
 "#,
             log = settings.log_level,
             kubeconfig = toml_path(&kubeconfig),
@@ -126,6 +145,16 @@ gpus = {gpus}
             rediscovery = settings.rediscovery,
             gpus = settings.gpus,
             rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
+            health = if settings.health_events {
+                let events = d.join("gpu-events");
+                std::fs::write(&events, "").expect("create the events file");
+                format!(
+                    "events_file = {}\n[health]\nprobe_interval = \"100ms\"\nquiet_period = \"1s\"\n",
+                    toml_path(&events)
+                )
+            } else {
+                String::new()
+            },
         );
         let config_path = d.join("edra.toml");
         std::fs::write(&config_path, toml).expect("write edra.toml");

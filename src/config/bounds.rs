@@ -31,6 +31,15 @@ pub const MPS_QUIT_GRACE: DurationRange = DurationRange { min: Duration::ZERO, m
 pub const MPS_CHECK_INTERVAL: DurationRange =
     DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(3600) };
 
+/// `health.probe_interval`: from ten times a second to once an hour.
+pub const HEALTH_PROBE_INTERVAL: DurationRange =
+    DurationRange { min: Duration::from_millis(100), max: Duration::from_secs(3600) };
+/// `health.quiet_period`: from a second to a day.
+pub const HEALTH_QUIET_PERIOD: DurationRange =
+    DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(86_400) };
+/// `health.ignored_xids`: XIDs are small numbers; NVML's "unknown" is 999.
+pub const XID: (u64, u64) = (1, 65_535);
+
 /// `kubernetes.qps`: one request every ten seconds up to 10,000 per second.
 pub const QPS: (f64, f64) = (0.1, 10_000.0);
 /// `kubernetes.burst`.

@@ -33,6 +33,8 @@ pub struct MockSettings {
     pub cuda_driver_version: String,
     /// MIG layouts; GPUs not listed are whole GPUs.
     pub mig: Vec<MockMig>,
+    /// A file whose appended lines inject health events (see `health::source`).
+    pub events_file: Option<std::path::PathBuf>,
 }
 
 impl Default for MockSettings {
@@ -47,6 +49,7 @@ impl Default for MockSettings {
             driver_version: "550.54.15".into(),
             cuda_driver_version: "12.4".into(),
             mig: Vec::new(),
+            events_file: None,
         }
     }
 }
@@ -70,6 +73,7 @@ pub(super) fn read_mock(r: &mut Reader) -> MockSettings {
         driver_version: r.get("mock.driver_version", d.driver_version, nonempty_string),
         cuda_driver_version: r.get("mock.cuda_driver_version", d.cuda_driver_version, nonempty_string),
         mig: Vec::new(),
+        events_file: r.opt("mock.events_file", super::source::abs_path),
     };
     m.mig = r.get("mock.mig", Vec::new(), |raw| parse_mock_mig(&toml_value(raw)?, gpus));
     m

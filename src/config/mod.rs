@@ -234,6 +234,44 @@ pub struct Config {
     pub mps: MpsTimings,
     /// How full GPUs are offered: whole, as shares, or as replicas.
     pub sharing: crate::sharing::SharingSettings,
+    /// How GPU health is judged.
+    pub health: HealthConfig,
+}
+
+/// `[health]`: how GPU health events are judged and how often GPUs are probed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// XIDs that are application errors: counted in metrics, never a taint.
+    pub ignored_xids: std::collections::BTreeSet<u64>,
+    /// How often every GPU is probed (and recovery checked).
+    pub probe_interval: Duration,
+    /// How long a GPU must answer without a critical event before its taint is removed.
+    pub quiet_period: Duration,
+}
+
+/// `health.ignored_xids`: a list of XID numbers (a TOML array, or comma-separated text).
+fn xid_list(raw: &Raw) -> Result<std::collections::BTreeSet<u64>, String> {
+    let items: Vec<String> = match raw {
+        Raw::Toml(toml::Value::Array(items)) => items
+            .iter()
+            .map(|v| match v {
+                toml::Value::Integer(i) => Ok(i.to_string()),
+                other => Err(format!("expected a list of XID numbers, found an element of type {}", other.type_str())),
+            })
+            .collect::<Result<_, _>>()?,
+        Raw::Text(_) => source::string_list(raw)?,
+        Raw::Toml(other) => {
+            return Err(format!("expected a list of XID numbers such as [13, 31], found {}", other.type_str()));
+        }
+    };
+    let (min, max) = bounds::XID;
+    items
+        .iter()
+        .map(|s| match s.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(format!("{s:?} is not an XID number from {min} to {max}")),
+        })
+        .collect()
 }
 
 /// `[mps]`: how MPS control daemons are started, checked and stopped.
@@ -417,6 +455,23 @@ impl Config {
             ),
         };
         let sharing = sharing::read_sharing(r);
+        let health = HealthConfig {
+            ignored_xids: r.get(
+                "health.ignored_xids",
+                crate::health::view::DEFAULT_IGNORED_XIDS.into_iter().collect(),
+                xid_list,
+            ),
+            probe_interval: r.get(
+                "health.probe_interval",
+                Duration::from_secs(10),
+                bounds::duration_in(bounds::HEALTH_PROBE_INTERVAL),
+            ),
+            quiet_period: r.get(
+                "health.quiet_period",
+                Duration::from_secs(300),
+                bounds::duration_in(bounds::HEALTH_QUIET_PERIOD),
+            ),
+        };
         Config {
             file,
             node_name,
@@ -434,6 +489,7 @@ impl Config {
             mock,
             mps,
             sharing,
+            health,
         }
     }
 }

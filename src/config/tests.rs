@@ -253,6 +253,10 @@ fn durations_and_rates_out_of_range_name_the_key_and_the_range() {
         ("mock.multiprocessors", "4294967296", "from 1 to 10000"),
         ("mock.memory", "0", "from 1Mi to 1024Ti"),
         ("mock.memory", "2000Ti", "from 1Mi to 1024Ti"),
+        ("health.probe_interval", "18446744073709551615", "from 100ms to 1h"),
+        ("health.probe_interval", "50ms", "from 100ms to 1h"),
+        ("health.quiet_period", "0", "from 1s to 24h"),
+        ("health.quiet_period", "25h", "from 1s to 24h"),
     ];
     for (key, value, range) in cases {
         let problem = problem_of(key, value).unwrap_or_else(|| panic!("{key} = {value} was accepted"));
@@ -268,6 +272,8 @@ fn durations_and_rates_out_of_range_name_the_key_and_the_range() {
         ("kubernetes.burst", "1"),
         ("mock.gpus", "0"),
         ("mock.gpus", "64"),
+        ("health.probe_interval", "100ms"),
+        ("health.quiet_period", "24h"),
     ];
     for (key, value) in fine {
         assert_eq!(problem_of(key, value), None, "{key} = {value}");
@@ -281,4 +287,27 @@ fn a_mock_mig_gpu_index_is_never_wrapped() {
     let problems = Config::load(&ctx(Some(f.path().into()), &[])).unwrap_err();
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].to_string().contains("gpu must be a GPU index from 0 to 1"), "{}", problems[0]);
+}
+
+#[test]
+fn ignored_xids_default_to_the_application_errors_and_are_checked() {
+    let cfg = Config::load(&ctx(None, &[])).unwrap();
+    assert_eq!(cfg.health.ignored_xids.iter().copied().collect::<Vec<_>>(), [13, 31, 43, 45, 68, 109]);
+    assert_eq!((cfg.health.probe_interval.as_secs(), cfg.health.quiet_period.as_secs()), (10, 300));
+    let f = write("[health]\nignored_xids = [13, 94]\n");
+    let cfg = Config::load(&ctx(Some(f.path().into()), &[])).unwrap();
+    assert_eq!(cfg.health.ignored_xids.iter().copied().collect::<Vec<_>>(), [13, 94]);
+    let cfg = Config::load(&ctx(None, &[("EDRA_HEALTH_IGNORED_XIDS", "43, 45")])).unwrap();
+    assert_eq!(cfg.health.ignored_xids.iter().copied().collect::<Vec<_>>(), [43, 45]);
+    let empty = Config::load(&ctx(None, &[("EDRA_HEALTH_IGNORED_XIDS", "")])).unwrap();
+    assert!(empty.health.ignored_xids.is_empty(), "an empty list ignores nothing");
+    for bad in ["[\"x\"]", "[0]", "[70000]"] {
+        let f = write(&format!("[health]\nignored_xids = {bad}\n"));
+        let problems = Config::load(&ctx(Some(f.path().into()), &[])).unwrap_err();
+        assert!(problems[0].to_string().contains("health.ignored_xids"), "{}", problems[0]);
+    }
+    assert!(
+        problem_of("health.ignored_xids", "13,lots")
+            .is_some_and(|p| p.contains("\"lots\" is not an XID number from 1 to 65535"))
+    );
 }

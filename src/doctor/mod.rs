@@ -2,7 +2,7 @@
 //!
 //! Each check is a function returning a [`CheckResult`] (pass, warn, fail or skip, a
 //! one-line detail and a one-line fix); every path it looks at comes from the
-//! configuration. Host checks ([`host`], [`runtime`], [`state`], [`mps`]) read the filesystem and
+//! configuration. Host checks ([`host`], [`runtime`], [`state`], [`mps`], [`gpu_health`]) read the filesystem and
 //! the device backend; cluster checks ([`cluster`]) talk to the API server, each bounded by
 //! [`NETWORK_TIMEOUT`] so the doctor never hangs. Nothing here changes the node or the
 //! cluster, except that opening an idle state database takes (and releases) its lock and
@@ -12,6 +12,7 @@
 //! 1 when at least one failed. Configuration errors exit 64 before any check runs.
 
 pub mod cluster;
+pub mod gpu_health;
 pub mod host;
 pub mod mps;
 mod render;
@@ -131,6 +132,7 @@ pub async fn run(cfg: &Config) -> Report {
     checks.push(state::state_dir(&cfg.paths.state_dir, &cfg.paths.proc_root, &specs));
     checks.push(host::registration(cfg));
     checks.push(mps::check(cfg));
+    checks.push(gpu_health::check(cfg, discovered.as_ref().map(|d| &d.inventory)));
     Report { checks }
 }
 

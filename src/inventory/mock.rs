@@ -54,7 +54,7 @@ impl MockBackend {
         GpuFacts {
             index,
             minor: index,
-            uuid: format!("GPU-{}", uuid_text(&format!("{}/gpu/{index}", self.node))),
+            uuid: gpu_uuid(&self.node, index),
             product_name: s.product_name.clone(),
             brand: Some("Nvidia".into()),
             architecture: Some(s.architecture.clone()),
@@ -200,6 +200,11 @@ pub fn ci_cap_minor(gpu_minor: u32, gi: u32, ci: u32) -> u32 {
 }
 
 /// A UUID-shaped hex text (8-4-4-4-12) derived from `seed` with FNV-1a.
+/// The UUID the mock backend gives GPU `index` of `node` (`GPU-` and a UUID derived from both).
+pub fn gpu_uuid(node: &str, index: u32) -> String {
+    format!("GPU-{}", uuid_text(&format!("{node}/gpu/{index}")))
+}
+
 fn uuid_text(seed: &str) -> String {
     // FNV-1a, then the splitmix64 finaliser so near-identical seeds give unrelated bits.
     let hash = |basis: u64| {

@@ -91,6 +91,11 @@ impl NvmlBackend {
         &self.library
     }
 
+    /// The loaded library (for the health watch, which needs its event API).
+    pub fn nvml(&self) -> &Nvml {
+        &self.nvml
+    }
+
     fn gpu_facts(
         &self,
         dev: &nvml_wrapper::Device<'_>,

@@ -2,7 +2,8 @@
 //! health list to the kubelet, first at once and then after every change.
 //!
 //! The health source is a `watch` channel of complete lists, so a slow kubelet only ever
-//! sees the newest list. Streams end when the source is dropped or the plugin shuts down
+//! sees the newest list. Without a change the list is sent again every [`RESEND_EVERY`]
+//! (stamped with the time of sending), well within the kubelet's 30 s health timeout. Streams end when the source is dropped or the plugin shuts down
 //! (an open stream would otherwise hold the connection through the shutdown grace
 //! period); the kubelet reopens them every few seconds.
 
@@ -16,6 +17,9 @@ use tonic::{Request, Response, Status};
 
 use super::proto::health_v1alpha1 as proto;
 use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealth;
+
+/// How often an unchanged list is sent again.
+pub const RESEND_EVERY: Duration = Duration::from_secs(10);
 
 /// The health service name advertised to the kubelet when health is served.
 pub const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
@@ -80,21 +84,38 @@ impl DraResourceHealth for HealthService {
         tracing::info!("the kubelet opened the device health stream");
         let stream =
             futures_util::stream::unfold((source, self.stopping.clone()), |(mut source, mut stopping)| async move {
-                tokio::select! {
+                let resend = tokio::select! {
                     changed = source.changed() => {
                         if changed.is_err() {
                             tracing::debug!("the health source is gone; ending the health stream");
                             return None;
                         }
+                        false
                     }
+                    () = tokio::time::sleep(RESEND_EVERY) => true,
                     _ = stopping.wait_for(|stop| *stop) => return None,
-                }
+                };
                 let list = Arc::clone(&source.borrow_and_update());
-                let answer = proto::NodeWatchResourcesResponse { devices: list.iter().map(to_proto).collect() };
+                let now = SystemTime::now();
+                let devices = list
+                    .iter()
+                    .map(|d| {
+                        let mut wire = to_proto(d);
+                        if resend {
+                            wire.last_updated_time = wire.last_updated_time.max(unix_seconds(now));
+                        }
+                        wire
+                    })
+                    .collect();
+                let answer = proto::NodeWatchResourcesResponse { devices };
                 Some((Ok(answer), (source, stopping)))
             });
         Ok(Response::new(Box::pin(stream)))
     }
+}
+
+fn unix_seconds(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)).unwrap_or(0)
 }
 
 fn to_proto(device: &DeviceHealth) -> proto::DeviceHealth {
@@ -138,5 +159,39 @@ mod tests {
         let unknown = to_proto(&DeviceHealth { health: Health::Unknown, timeout: None, ..device });
         assert_eq!(unknown.health, 0);
         assert_eq!(unknown.health_check_timeout_seconds, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_list_is_sent_at_once_on_changes_and_again_every_ten_seconds() {
+        use futures_util::StreamExt;
+        let device = DeviceHealth {
+            pool_name: "n1".into(),
+            device_name: "gpu-0".into(),
+            health: Health::Healthy,
+            last_updated: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            timeout: None,
+            message: String::new(),
+        };
+        let (tx, rx) = watch::channel(Arc::new(vec![device.clone()]));
+        let (stop, stopping) = watch::channel(false);
+        let service = HealthService::new(rx, stopping);
+        let request = Request::new(proto::NodeWatchResourcesRequest {});
+        let mut stream = service.node_watch_resources(request).await.expect("stream").into_inner();
+        let started = tokio::time::Instant::now();
+        let first = stream.next().await.expect("a list").expect("ok");
+        assert_eq!(first.devices[0].last_updated_time, 1_700_000_000);
+        assert_eq!(started.elapsed(), Duration::ZERO, "the first list comes at once");
+
+        let again = stream.next().await.expect("a list").expect("ok");
+        assert_eq!(started.elapsed(), RESEND_EVERY, "unchanged, it comes again after {RESEND_EVERY:?}");
+        assert!(again.devices[0].last_updated_time > 1_700_000_000, "stamped with the time it was sent");
+
+        tx.send_replace(Arc::new(vec![DeviceHealth { health: Health::Unhealthy, ..device }]));
+        let changed = stream.next().await.expect("a list").expect("ok");
+        assert_eq!(started.elapsed(), RESEND_EVERY, "a change comes at once");
+        assert_eq!(changed.devices[0].health, proto::HealthStatus::Unhealthy as i32);
+
+        stop.send_replace(true);
+        assert!(stream.next().await.is_none(), "shutdown ends the stream");
     }
 }

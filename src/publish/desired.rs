@@ -20,6 +20,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use super::taints::DeviceTaints;
 use crate::inventory::{AttributeValue, Device, Inventory};
 
 /// Most devices in one slice.
@@ -42,7 +43,26 @@ pub struct NodeIdentity {
 /// (no name), the owner reference to the Node when its UID is known, and `pool.generation`
 /// = `generation`. Never empty.
 pub fn desired_slices(inv: &Inventory, node: &NodeIdentity, driver: &str, generation: i64) -> Vec<ResourceSlice> {
-    let mut devices: Vec<ApiDevice> = inv.devices.iter().map(api_device).collect();
+    desired_tainted_slices(inv, &DeviceTaints::new(), node, driver, generation)
+}
+
+/// [`desired_slices`] with `taints` on the devices they name.
+pub fn desired_tainted_slices(
+    inv: &Inventory,
+    taints: &DeviceTaints,
+    node: &NodeIdentity,
+    driver: &str,
+    generation: i64,
+) -> Vec<ResourceSlice> {
+    let mut devices: Vec<ApiDevice> = inv
+        .devices
+        .iter()
+        .map(|d| {
+            let mut api = api_device(d);
+            api.taints = taints.get(&d.name).filter(|t| !t.is_empty()).cloned();
+            api
+        })
+        .collect();
     devices.sort_by(|a, b| a.name.cmp(&b.name));
     let chunks = split(devices);
     let count = chunks.len() as i64;

@@ -5,11 +5,14 @@
 //! backoff and the owner refresh are tested in paused time without an API server; new
 //! reasons to publish (counters, taints, shares) come in as inputs and transitions here.
 //!
-//! The cycle: the watch lists (`Unsynced` → due) → after the debounce [`plan`] runs; an
-//! empty plan means the API matches (`Idle`); a plan that creates slices first re-reads the
-//! Node (a Node re-created under a new uid takes its slices with it, and new slices must
-//! name the new owner); then the writes are applied and the pool re-planned at once. A
-//! failure backs off with jitter; changes while backing off do not hurry the retry.
+//! The cycle: the watch lists (`Unsynced` → due) → after the debounce the plan
+//! ([`plan_tainted`]) runs; an empty plan means the API matches (`Idle`); a plan that
+//! creates slices first re-reads the Node (a Node re-created under a new uid takes its
+//! slices with it, and new slices must name the new owner); then the writes are applied
+//! and the pool re-planned at once. A failure backs off with jitter; changes while backing
+//! off do not hurry the retry. GPU health comes in as [`Input::Health`]: its taints are
+//! planned with the inventory, and a server that drops them (the answer to a write
+//! carrying taints has none) is written without them from then on, logged once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,8 +23,10 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::desired::NodeIdentity;
-use super::plan::{Plan, plan};
+use super::plan::{Plan, plan_tainted};
 use super::reconcile::PublishStatus;
+use super::taints::{DeviceTaints, device_taints, has_taints};
+use crate::health::HealthSnapshot;
 use crate::inventory::Inventory;
 use crate::kube::{self, backoff::Backoff, watcher};
 use crate::sharing::{Fallback, SharingMode, SharingSettings};
@@ -49,8 +54,9 @@ pub enum State {
     BackingOff { at: Instant },
     /// The Node is being re-read before `plan` creates slices naming it as their owner.
     RefreshingOwner { plan: Plan },
-    /// The writes of pool generation `generation` are being applied.
-    Applying { generation: i64 },
+    /// The writes of pool generation `generation` are being applied; `tainted` when they
+    /// carry device taints (so an answer without them shows the server drops them).
+    Applying { generation: i64, tainted: bool },
 }
 
 /// What moves the machine.
@@ -63,6 +69,8 @@ pub enum Input {
     Watch(watcher::Event),
     /// The device inventory changed.
     Inventory(Arc<Inventory>),
+    /// The GPUs' health changed (taints may change).
+    Health(Arc<HealthSnapshot>),
     /// The time of [`Machine::timer`] has come.
     Timer,
     /// The Node's uid as re-read for [`Action::RefreshOwner`].
@@ -120,6 +128,11 @@ pub struct Machine {
     report: Option<PublishStatus>,
     sharing: SharingSettings,
     capacity_supported: bool,
+    health: Arc<HealthSnapshot>,
+    /// The server accepts the `None` taint effect (resource.k8s.io/v1, Kubernetes 1.35+).
+    none_effect: bool,
+    /// The server keeps device taints; false once it dropped them (gate off, too old).
+    taints_kept: bool,
 }
 
 impl Machine {
@@ -137,6 +150,9 @@ impl Machine {
             report: None,
             sharing: SharingSettings { mode: SharingMode::Exclusive, ..SharingSettings::default() },
             capacity_supported: true,
+            health: Arc::default(),
+            none_effect: false,
+            taints_kept: true,
         }
     }
 
@@ -154,6 +170,27 @@ impl Machine {
     /// The devices as published: the inventory with `[sharing]` applied.
     fn published(&self) -> Inventory {
         self.sharing.published(&self.inventory, self.capacity_supported)
+    }
+
+    /// Publishes taints for `health`; informational ones (effect `None`) only with
+    /// `none_effect`.
+    pub fn with_health(mut self, health: Arc<HealthSnapshot>, none_effect: bool) -> Self {
+        self.health = health;
+        self.none_effect = none_effect;
+        self
+    }
+
+    /// Whether the server keeps the device taints edra writes (false once it dropped them).
+    pub fn taints_kept(&self) -> bool {
+        self.taints_kept
+    }
+
+    /// The taints to publish now.
+    fn taints(&self, published: &Inventory) -> DeviceTaints {
+        if !self.taints_kept {
+            return DeviceTaints::new();
+        }
+        device_taints(published, &self.health, &self.driver, self.none_effect)
     }
 
     /// The current state.
@@ -193,6 +230,11 @@ impl Machine {
             }
             Input::Inventory(inventory) => {
                 self.inventory = inventory;
+                self.changed(now);
+                Action::Wait
+            }
+            Input::Health(health) => {
+                self.health = health;
                 self.changed(now);
                 Action::Wait
             }
@@ -240,7 +282,9 @@ impl Machine {
             _ => return Action::Wait,
         }
         let current: Vec<ResourceSlice> = self.observed.values().cloned().collect();
-        let p = plan(&current, &self.published(), &self.node, &self.driver, self.min_generation);
+        let published = self.published();
+        let taints = self.taints(&published);
+        let p = plan_tainted(&current, &published, &taints, &self.node, &self.driver, self.min_generation);
         if p.is_empty() {
             self.backoff.reset();
             self.state = State::Idle;
@@ -288,14 +332,26 @@ impl Machine {
             creates = p.creates.len(),
             "publishing ResourceSlices"
         );
-        self.state = State::Applying { generation: p.generation };
+        let tainted = p.updates.iter().chain(&p.creates).any(has_taints);
+        self.state = State::Applying { generation: p.generation, tainted };
         Action::Apply(p)
     }
 
     fn on_applied(&mut self, applied: Applied, now: Instant) -> Action {
-        let State::Applying { generation } = self.state else {
+        let State::Applying { generation, tainted } = self.state else {
             return Action::Wait;
         };
+        let written: Vec<&ResourceSlice> =
+            applied.seen.iter().filter_map(|s| if let Seen::Written(s) = s { Some(s) } else { None }).collect();
+        if tainted && !written.is_empty() && !written.iter().any(|s| has_taints(s)) {
+            // Planning with taints again would rewrite the same slices forever.
+            self.taints_kept = false;
+            warn!(
+                "the API server dropped the device taints edra wrote (its DRADeviceTaints feature gate is off, or it \
+                 is older than Kubernetes 1.33): unhealthy GPUs stay allocatable; their health is still in the \
+                 metrics, `edra doctor` and the kubelet's health stream"
+            );
+        }
         for seen in applied.seen {
             match seen {
                 Seen::Written(s) => {

@@ -12,6 +12,7 @@
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use super::desired::{self, NodeIdentity};
+use super::taints::DeviceTaints;
 use crate::inventory::Inventory;
 
 /// A slice to delete, with the preconditions that make the delete safe.
@@ -72,9 +73,22 @@ pub fn plan(
     driver: &str,
     min_generation: i64,
 ) -> Plan {
+    plan_tainted(observed, inventory, &DeviceTaints::new(), node, driver, min_generation)
+}
+
+/// [`plan`] for slices whose devices carry `taints`. A taint change confined to one slice
+/// is one update in the same generation (no pool generation bump), as KEP-5055 allows.
+pub fn plan_tainted(
+    observed: &[ResourceSlice],
+    inventory: &Inventory,
+    taints: &DeviceTaints,
+    node: &NodeIdentity,
+    driver: &str,
+    min_generation: i64,
+) -> Plan {
     let ours = |s: &&ResourceSlice| s.spec.driver == driver && s.spec.pool.name == node.name;
     let current_gen = observed.iter().filter(ours).map(generation_of).max().unwrap_or(0).max(min_generation);
-    let want = desired::desired_slices(inventory, node, driver, current_gen);
+    let want = desired::desired_tainted_slices(inventory, taints, node, driver, current_gen);
 
     // Match observed slices of the current generation to desired indices.
     let mut matched: Vec<Option<&ResourceSlice>> = vec![None; want.len()];
@@ -95,8 +109,11 @@ pub fn plan(
     let creates_needed = matched.iter().any(Option::is_none);
     let changes = want.iter().enumerate().filter(|(i, w)| changed(*i, w)).count();
     let generation = desired::next_generation(Some(current_gen), usize::from(creates_needed), changes, 0);
-    let want =
-        if generation == current_gen { want } else { desired::desired_slices(inventory, node, driver, generation) };
+    let want = if generation == current_gen {
+        want
+    } else {
+        desired::desired_tainted_slices(inventory, taints, node, driver, generation)
+    };
 
     let mut out = Plan { generation, ..Plan::default() };
     out.deletes = obsolete.into_iter().filter_map(delete_of).collect();

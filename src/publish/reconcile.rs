@@ -26,6 +26,7 @@ use tracing::debug;
 use super::desired::NodeIdentity;
 use super::machine::{Action, Applied, Input, Machine, Seen};
 use super::plan::Plan;
+use crate::health::HealthSnapshot;
 use crate::inventory::Inventory;
 use crate::kube::{Client, ResourceApi};
 use crate::util::{stopped, until_stopped};
@@ -50,6 +51,7 @@ pub struct Publisher {
     inventory: watch::Receiver<Arc<Inventory>>,
     status: watch::Sender<PublishStatus>,
     machine: Machine,
+    health: Option<watch::Receiver<Arc<HealthSnapshot>>>,
 }
 
 impl Publisher {
@@ -63,7 +65,15 @@ impl Publisher {
         status: watch::Sender<PublishStatus>,
     ) -> Self {
         let machine = Machine::new(driver, node, inventory.borrow_and_update().clone());
-        Self { client, api, inventory, status, machine }
+        Self { client, api, inventory, status, machine, health: None }
+    }
+
+    /// Publishes the taints of GPU health from `health` as it changes; informational
+    /// taints (effect `None`) only with `none_effect` (see [`accepts_none_effect`]).
+    pub fn with_health(mut self, mut health: watch::Receiver<Arc<HealthSnapshot>>, none_effect: bool) -> Self {
+        self.machine = self.machine.with_health(health.borrow_and_update().clone(), none_effect);
+        self.health = Some(health);
+        self
     }
 
     /// Publishes full GPUs as `[sharing]` says (without it, every GPU is exclusive).
@@ -92,6 +102,13 @@ impl Publisher {
                     Ok(()) => Input::Inventory(self.inventory.borrow_and_update().clone()),
                     Err(_) => break,
                 },
+                health = health_changed(&mut self.health) => match health {
+                    Some(h) => Input::Health(h),
+                    None => {
+                        self.health = None;
+                        continue;
+                    }
+                },
                 () = tokio::time::sleep_until(timer.unwrap_or_else(Instant::now)), if timer.is_some() => Input::Timer,
             };
             let action = self.machine.step(input, Instant::now());
@@ -100,6 +117,11 @@ impl Publisher {
             }
         }
         debug!("publisher stopped; slices stay published");
+    }
+
+    /// Whether the server keeps the device taints edra writes.
+    pub fn taints_kept(&self) -> bool {
+        self.machine.taints_kept()
     }
 
     /// Performs the machine's actions until it waits again; `None` when shutdown came first
@@ -156,5 +178,49 @@ impl Publisher {
             }
         }
         applied
+    }
+}
+
+/// Whether a server speaking `api` with `/version` `git_version` (e.g. `v1.36.2+k3s1`)
+/// accepts the `None` taint effect: resource.k8s.io/v1 from Kubernetes 1.35 on. An
+/// unreadable version counts as new enough when the server speaks v1.
+pub fn accepts_none_effect(api: ResourceApi, git_version: Option<&str>) -> bool {
+    if api != ResourceApi::V1 {
+        return false;
+    }
+    let minor = git_version.and_then(|v| {
+        let rest = v.trim_start_matches('v');
+        let mut parts = rest.split('.');
+        let major: u32 = parts.next()?.parse().ok()?;
+        let minor: u32 = parts.next()?.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()?;
+        Some((major, minor))
+    });
+    minor.is_none_or(|(major, minor)| major > 1 || minor >= 35)
+}
+
+/// The next health snapshot; `None` when its sender is gone; pending forever without one.
+async fn health_changed(health: &mut Option<watch::Receiver<Arc<HealthSnapshot>>>) -> Option<Arc<HealthSnapshot>> {
+    match health {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(rx.borrow_and_update().clone()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_none_effect_needs_v1_on_kubernetes_1_35_or_newer() {
+        assert!(accepts_none_effect(ResourceApi::V1, Some("v1.36.2")));
+        assert!(accepts_none_effect(ResourceApi::V1, Some("v1.35.0+k3s1")));
+        assert!(!accepts_none_effect(ResourceApi::V1, Some("v1.34.3")));
+        assert!(accepts_none_effect(ResourceApi::V1, None));
+        assert!(accepts_none_effect(ResourceApi::V1, Some("garbage")));
+        assert!(!accepts_none_effect(ResourceApi::V1beta2, Some("v1.36.2")));
+        assert!(!accepts_none_effect(ResourceApi::V1beta1, None));
     }
 }

@@ -261,6 +261,59 @@ impl Collector for MpsCollector {
     }
 }
 
+/// Encodes device health at scrape time.
+#[derive(Debug)]
+struct HealthCollector {
+    inventory: watch::Receiver<Arc<crate::inventory::Inventory>>,
+    health: watch::Receiver<Arc<crate::health::HealthSnapshot>>,
+}
+
+impl Collector for HealthCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use crate::health::DeviceState;
+        let inv = self.inventory.borrow().clone();
+        let health = self.health.borrow().clone();
+        let now = crate::health::view::unix_secs(std::time::SystemTime::now());
+        let g = ConstGauge::new(0i64);
+        let mut family = encoder.encode_descriptor(
+            "edra_device_health",
+            "1 for the device's current health state (healthy, unhealthy, unknown), 0 for the others",
+            None,
+            g.metric_type(),
+        )?;
+        for d in &inv.devices {
+            let (state, _) = health.device_state(d);
+            for s in [DeviceState::Healthy, DeviceState::Unhealthy, DeviceState::Unknown] {
+                let labels = [("device", d.name.clone()), ("state", s.as_str().to_string())];
+                ConstGauge::new(i64::from(s == state)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "edra_device_tainted",
+            "How long the device has carried a NoSchedule health taint (0 when it has none)",
+            Some(&Unit::Seconds),
+            g.metric_type(),
+        )?;
+        for d in &inv.devices {
+            let since = health.conditions_of(d).filter(|c| c.fatal).map(|c| c.since).min();
+            let seconds = since.map(|s| now.saturating_sub(s).max(0)).unwrap_or(0);
+            ConstGauge::new(seconds).encode(family.encode_family(&[("device", d.name.clone())])?)?;
+        }
+        let c = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "edra_gpu_xids",
+            "XIDs NVML reported since edra started, by GPU UUID and XID (ignored ones included)",
+            None,
+            c.metric_type(),
+        )?;
+        for ((gpu, xid), n) in &health.xids_seen {
+            let labels = [("gpu", gpu.clone()), ("xid", xid.to_string())];
+            ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
 fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, unit: Option<&Unit>, v: i64) -> std::fmt::Result {
     let g = ConstGauge::new(v);
     g.encode(encoder.encode_descriptor(name, help, unit, g.metric_type())?)
@@ -318,6 +371,16 @@ impl Metrics {
     /// Adds the `edra_mps_daemon*` metrics read from `stats`.
     pub fn register_mps(&mut self, stats: Arc<crate::gpu::mps::MpsStats>) {
         self.registry.register_collector(Box::new(MpsCollector(stats)));
+    }
+
+    /// Adds the `edra_device_health`, `edra_device_tainted_seconds` and
+    /// `edra_gpu_xids_total` metrics, read from the inventory and the health snapshot.
+    pub fn register_health(
+        &mut self,
+        inventory: watch::Receiver<Arc<crate::inventory::Inventory>>,
+        health: watch::Receiver<Arc<crate::health::HealthSnapshot>>,
+    ) {
+        self.registry.register_collector(Box::new(HealthCollector { inventory, health }));
     }
 
     /// Every metric in the OpenMetrics text format ([`OPENMETRICS_CONTENT_TYPE`]).

@@ -6,6 +6,7 @@
 mod crash;
 mod diskfull;
 mod exits;
+mod health;
 mod logs;
 mod misbehaving;
 mod offline;

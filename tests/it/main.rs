@@ -8,6 +8,7 @@ mod cli_inventory;
 mod cli_usage;
 mod doctor;
 mod footprint;
+mod health_nvml;
 mod hook;
 mod inventory_nvml;
 mod kube_client;

@@ -372,3 +372,29 @@ fn pods_use_claims_that_exist() {
 
 #[path = "manifests_daemonset.rs"]
 mod daemonset;
+
+/// The diagnostics example tolerates exactly the fatal health taints edra sets.
+#[test]
+fn the_diagnostics_example_tolerates_the_health_taints() {
+    let docs = docs();
+    let claim = docs
+        .iter()
+        .find(|d| d.kind() == ("resource.k8s.io/v1", "ResourceClaim") && d.name() == "gpu-diagnostics")
+        .expect("config/examples/gpu-diagnostics.yaml has its claim");
+    let claim = typed::<resource::ResourceClaim>(claim);
+    let requests = claim.spec.and_then(|s| s.devices).and_then(|d| d.requests).unwrap_or_default();
+    let tolerations: Vec<(String, String)> = requests
+        .first()
+        .and_then(|r| r.exactly.as_ref())
+        .and_then(|e| e.tolerations.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| (t.key.unwrap_or_default(), t.effect.unwrap_or_default()))
+        .collect();
+    let driver = edra::config::DEFAULT_DRIVER_NAME;
+    let expected: Vec<(String, String)> = [edra::health::ConditionKind::Xid, edra::health::ConditionKind::GpuLost]
+        .iter()
+        .map(|k| (format!("{driver}/{}", k.key()), edra::publish::taints::FATAL_EFFECT.to_string()))
+        .collect();
+    assert_eq!(tolerations, expected);
+}

@@ -89,7 +89,10 @@ async fn a_registered_agent_is_ready_and_its_metrics_show_devices_and_api_reques
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = server.write_kubeconfig(dir.path(), &Identity::node("n1")).expect("kubeconfig");
     let addr = free_port();
-    let cfg = config(dir.path(), &kubeconfig, addr);
+    let mut cfg = config(dir.path(), &kubeconfig, addr);
+    let events = dir.path().join("gpu-events");
+    std::fs::write(&events, "").expect("create the events file");
+    cfg.mock.events_file = Some(events.clone());
     let gpus = cfg.mock.gpus;
     let registration_socket = cfg.paths.registration_socket(&cfg.driver_name);
     let dra_socket = cfg.paths.dra_socket(&cfg.driver_name);
@@ -136,6 +139,31 @@ async fn a_registered_agent_is_ready_and_its_metrics_show_devices_and_api_reques
     };
     assert!(api("GET") > 0.0 && api("POST") > 0.0, "{body}");
     assert!(s.get("edra_api_received_bytes_total").is_some_and(|n| *n > 0.0), "{body}");
+    let health = |device: &str, state: &str| {
+        s.get(&format!("edra_device_health{{device=\"{device}\",state=\"{state}\"}}")).copied()
+    };
+    assert_eq!(health("gpu-0", "healthy"), Some(1.0), "{body}");
+    assert_eq!(health("gpu-0", "unhealthy"), Some(0.0), "{body}");
+    assert_eq!(s.get("edra_device_tainted_seconds{device=\"gpu-0\"}"), Some(&0.0), "{body}");
+
+    // GPU health: an ignored and a fatal XID on GPU 1.
+    std::fs::write(&events, "xid 1 13\nxid 1 79\n").expect("inject XIDs");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let s = loop {
+        let (_, body) = get(addr, "/metrics").await.expect("metrics answer");
+        let s = samples(&body);
+        if s.get("edra_device_health{device=\"gpu-1\",state=\"unhealthy\"}") == Some(&1.0) {
+            break s;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "gpu-1 never turned unhealthy: {body}");
+        tokio::time::sleep(POLL).await;
+    };
+    let uuid = edra::inventory::mock::gpu_uuid("n1", 1);
+    for xid in [13, 79] {
+        let series = format!("edra_gpu_xids_total{{gpu=\"{uuid}\",xid=\"{xid}\"}}");
+        assert_eq!(s.get(&series), Some(&1.0), "{series}: {s:?}");
+    }
+    assert!(s.get("edra_device_tainted_seconds{device=\"gpu-1\"}").is_some_and(|t| *t >= 0.0));
 
     stop.send_replace(true);
     let stopped = tokio::time::timeout(DEADLINE, agent).await.expect("the agent stops").expect("no panic");

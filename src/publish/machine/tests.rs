@@ -83,7 +83,7 @@ async fn a_burst_of_changes_is_answered_with_one_plan_after_the_debounce() {
     let Action::Apply(p) = fire(&mut m).await else { panic!("a plan with writes") };
     assert_eq!(t0.elapsed(), DEBOUNCE);
     assert_eq!(devices_in(&p), 4, "the plan is for the newest inventory");
-    assert_eq!(m.state(), &State::Applying { generation: p.generation });
+    assert_eq!(m.state(), &State::Applying { generation: p.generation, tainted: false });
     assert_eq!(m.take_report(), None, "nothing is reported before the writes' outcome");
 }
 
@@ -219,4 +219,55 @@ async fn a_failed_node_read_backs_off_and_updates_do_not_read_the_node() {
     m.step(Input::Inventory(Arc::new(inventory(2, "H100"))), Instant::now());
     let Action::Apply(p) = fire(&mut m).await else { panic!("an update without reading the Node") };
     assert!(p.creates.is_empty() && !p.updates.is_empty(), "{p:?}");
+}
+
+/// A snapshot in which GPU `uuid` had a fatal XID 79.
+fn sick(uuid: &str) -> Arc<HealthSnapshot> {
+    use crate::health::view::{Event, HealthView, Rules};
+    let mut v = HealthView::default();
+    let rules = Rules { ignored_xids: Default::default(), quiet_period: Duration::from_secs(60) };
+    v.apply(Event::Xid { gpu: uuid.into(), xid: 79 }, std::time::SystemTime::now(), &rules);
+    Arc::new(HealthSnapshot { gpus: v.gpus, xids_seen: v.xids_seen })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_health_change_is_one_tainted_update_after_the_debounce() {
+    let mut m = machine(None, 2).with_health(Arc::default(), true);
+    let mut counter = 0;
+    publish_first(&mut m, &mut counter).await;
+    let t0 = Instant::now();
+    m.step(Input::Health(sick("GPU-00000001")), t0);
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the taint is written") };
+    assert_eq!(t0.elapsed(), DEBOUNCE);
+    assert_eq!(p.updates.len(), 1);
+    assert_eq!(m.state(), &State::Applying { generation: p.generation, tainted: true });
+    let device = p.updates[0].spec.devices.iter().flatten().find(|d| d.name == "gpu-1").expect("gpu-1");
+    assert_eq!(device.taints.as_ref().map(|t| t[0].key.as_str()), Some("gpu.edra.dev/xid"));
+    let applied = server_applies(&m, &p, &mut counter);
+    m.step(Input::Applied(applied), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::Wait, "converged");
+    assert!(m.taints_kept());
+}
+
+#[tokio::test(start_paused = true)]
+async fn taints_the_server_drops_are_not_written_again() {
+    let mut m = machine(None, 2).with_health(Arc::default(), false);
+    let mut counter = 0;
+    publish_first(&mut m, &mut counter).await;
+    m.step(Input::Health(sick("GPU-00000000")), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the taint is written") };
+    // The server stores the slice without the taints (DRADeviceTaints off).
+    let mut applied = server_applies(&m, &p, &mut counter);
+    for seen in &mut applied.seen {
+        if let Seen::Written(s) = seen {
+            for d in s.spec.devices.iter_mut().flatten() {
+                d.taints = None;
+            }
+        }
+    }
+    m.step(Input::Applied(applied), Instant::now());
+    assert!(!m.taints_kept());
+    assert_eq!(fire(&mut m).await, Action::Wait, "what the server kept is what edra wants now: no loop");
+    m.step(Input::Health(sick("GPU-00000001")), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::Wait, "later health changes write nothing either");
 }

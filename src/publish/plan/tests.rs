@@ -180,3 +180,43 @@ fn inventory_change_updates_one_slice_without_a_bump() {
     assert_eq!((p.creates.len(), p.updates.len(), p.deletes.len()), (0, 1, 0));
     assert_eq!(p.generation, first.generation);
 }
+
+#[test]
+fn a_taint_confined_to_one_slice_is_one_update_in_the_same_generation() {
+    use crate::publish::taints::DeviceTaints;
+    use k8s_openapi::api::resource::v1::DeviceTaint;
+    let inv = inventory(100, "A100");
+    let mut counter = 0;
+    // 100 devices in two slices of at most 64 (as they are once any device is tainted).
+    let mut taints = DeviceTaints::new();
+    let unmonitored =
+        DeviceTaint { key: format!("{DRIVER}/unmonitored"), effect: "None".into(), ..DeviceTaint::default() };
+    taints.insert("gpu-0".into(), vec![unmonitored]);
+    let first = plan_tainted(&[], &inv, &taints, &node(), DRIVER, 0);
+    assert_eq!(first.creates.len(), 2);
+    let observed = apply(&[], &first, &mut counter);
+
+    let xid = DeviceTaint {
+        key: format!("{DRIVER}/xid"),
+        value: Some("79".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    };
+    taints.insert("gpu-99".into(), vec![xid]);
+    let p = plan_tainted(&observed, &inv, &taints, &node(), DRIVER, first.generation);
+    assert_eq!((p.updates.len(), p.creates.len(), p.deletes.len()), (1, 0, 0), "{p:#?}");
+    assert_eq!(p.generation, first.generation, "no pool generation bump for one slice");
+    let after = apply(&observed, &p, &mut counter);
+    assert!(plan_tainted(&after, &inv, &taints, &node(), DRIVER, p.generation).is_empty());
+
+    // The time the server (or edra) put on a taint is not a difference.
+    let mut stamped = after.clone();
+    for d in stamped.iter_mut().flat_map(|s| s.spec.devices.iter_mut().flatten()) {
+        for t in d.taints.iter_mut().flatten() {
+            t.time_added = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("time"),
+            ));
+        }
+    }
+    assert!(plan_tainted(&stamped, &inv, &taints, &node(), DRIVER, p.generation).is_empty());
+}

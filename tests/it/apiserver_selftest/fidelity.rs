@@ -62,7 +62,7 @@ async fn stored_quantities_are_canonical_and_invalid_ones_rejected() -> Result<(
 }
 
 #[tokio::test]
-async fn taints_get_time_added_once() -> Result<()> {
+async fn taints_without_time_added_get_the_current_time_on_every_write() -> Result<()> {
     let (_server, client) = start(Options::default()).await?;
     let mut body = slice("s", "n", "gpu.example.com", 1);
     body["spec"]["devices"][0]["taints"] =
@@ -71,11 +71,43 @@ async fn taints_get_time_added_once() -> Result<()> {
     let time = created["spec"]["devices"][0]["taints"][0]["timeAdded"].clone();
     assert!(time.as_str().is_some_and(|t| t.ends_with('Z')), "{time}");
 
-    // An update that repeats the taint without a time keeps the stored time: no write.
+    // An update that repeats the taint with its time keeps it: no write.
     body["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"].clone();
+    body["spec"]["devices"][0]["taints"][0]["timeAdded"] = time.clone();
     let (status, updated) = client.json(Method::PUT, &format!("{SLICES}/s"), Some(&body)).await?;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(updated["spec"]["devices"][0]["taints"][0]["timeAdded"], time);
     assert_eq!(rv(&updated)?, rv(&created)?);
+
+    // One that leaves the time out gets the current time, as the real server's defaulting
+    // does on every update: an old time proves it.
+    let old = "2020-01-01T00:00:00Z";
+    body["spec"]["devices"][0]["taints"][0]["timeAdded"] = json!(old);
+    let (_, updated) = client.json(Method::PUT, &format!("{SLICES}/s"), Some(&body)).await?;
+    assert_eq!(updated["spec"]["devices"][0]["taints"][0]["timeAdded"], old);
+    body["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"].clone();
+    body["spec"]["devices"][0]["taints"][0].as_object_mut().expect("taint").remove("timeAdded");
+    let (_, reset) = client.json(Method::PUT, &format!("{SLICES}/s"), Some(&body)).await?;
+    let reset_time = reset["spec"]["devices"][0]["taints"][0]["timeAdded"].clone();
+    assert!(reset_time.as_str().is_some_and(|t| t.ends_with('Z') && t != old), "{reset_time}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn taints_are_dropped_when_the_server_does_not_serve_them() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    server.set_device_taints(false);
+    let mut body = slice("s", "n", "gpu.example.com", 1);
+    body["spec"]["devices"][0]["taints"] =
+        json!([{"key": "gpu.example.com/xid", "value": "79", "effect": "NoSchedule"}]);
+    let (status, created) = client.json(Method::POST, SLICES, Some(&body)).await?;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(created["spec"]["devices"][0].get("taints").is_none(), "{created}");
+
+    server.set_device_taints(true);
+    body["spec"]["devices"][0]["taints"][0]["effect"] = json!("PreferNoSchedule");
+    body["metadata"]["name"] = json!("t");
+    let (status, _) = client.json(Method::POST, SLICES, Some(&body)).await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     Ok(())
 }

@@ -359,6 +359,17 @@ impl ChildAgent {
     /// otherwise free of glibc allocator settings (`MALLOC_ARENA_MAX`, `GLIBC_TUNABLES`),
     /// so the agent sets up its allocator as on a node.
     pub async fn start_with_env(cluster: &Cluster, failpoints: &str, env: &[(&str, &str)]) -> ChildAgent {
+        ChildAgent::start_configured(cluster, &cluster.config_file(NODE), failpoints, env).await
+    }
+
+    /// [`ChildAgent::start_with_env`] with the configuration file `config` (e.g. one from
+    /// [`Cluster::config_file_with`]).
+    pub async fn start_configured(
+        cluster: &Cluster,
+        config: &Path,
+        failpoints: &str,
+        env: &[(&str, &str)],
+    ) -> ChildAgent {
         let fs = cluster.fs();
         let log = cluster.dir.path().join("edra-run.log");
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("open the agent's log");
@@ -367,7 +378,7 @@ impl ChildAgent {
         let notify = tokio::net::UnixDatagram::bind(&notify_path).expect("bind the notification socket");
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_edra"));
         cmd.arg("--config")
-            .arg(cluster.config_file(NODE))
+            .arg(config)
             .arg("run")
             .env_remove("KUBECONFIG")
             .env("EDRA_LOG_LEVEL", "warn")

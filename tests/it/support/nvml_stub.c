@@ -19,6 +19,18 @@
  * handles count as their parent). Without a config file nvmlInit_v2 returns
  * NVML_ERROR_DRIVER_NOT_LOADED.
  *
+ * Events: a "gpu" record's "events=<mask>" sets the event types it supports (default
+ * 0xf: single- and double-bit ECC, P-state, critical XID). nvmlEventSetWait_v2 reads
+ * "nvml_stub.events" beside the library from where it ended when the set was created,
+ * one event per line: "<gpu position> xid <n>", "<gpu position> dbe", or "lost" (the wait
+ * returns NVML_ERROR_GPU_IS_LOST); events of types a GPU did not register are skipped.
+ * nvmlDeviceRegisterEvents refuses types a GPU does not support with NOT_SUPPORTED.
+ * nvmlInit_v2 and nvmlShutdown are reference-counted, as NVML's are.
+ *
+ * Field 230 (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) answers a GPU's last "<gpu position>
+ * <action>" line of "nvml_stub.recovery" beside the library; without one it is
+ * NOT_SUPPORTED, as on drivers that lack the field. Other fields are NOT_SUPPORTED.
+ *
  * Compute modes outlive the process, as a GPU's do: nvmlDeviceSetComputeMode appends
  * "<uuid> <mode>" to "nvml_stub.modes" beside the library, and nvmlDeviceGetComputeMode
  * answers a GPU's last line there (none: 0, DEFAULT). MIG handles are refused with
@@ -29,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_DEVS 64
 #define MAX_FAILS 16
@@ -40,13 +53,17 @@
 #define ERR_INSUFFICIENT_SIZE 7
 #define ERR_DRIVER_NOT_LOADED 9
 #define ERR_ARGUMENT_VERSION_MISMATCH 25
+#define ERR_TIMEOUT 10
+#define ERR_GPU_IS_LOST 15
+#define DEFAULT_EVENTS 0xfULL
 
 struct dev {
     int used, is_mig, parent, slot;
     char uuid[96], name[96], bus[32];
     unsigned brand, arch, minor, index, gi, ci, sms, gislices, cislices, mig_mode;
     int cc_major, cc_minor;
-    unsigned long long mem, memmb;
+    unsigned long long mem, memmb, ev_supported, ev_registered;
+    int ev_given;
 };
 
 struct fail {
@@ -78,6 +95,9 @@ static int ndevs, ngpus, nfails, initialized;
 static char driver_version[80] = "550.54.15";
 static int cuda_version = 12040;
 static char modes_path[4200];
+static char events_path[4200];
+static char recovery_path[4200];
+static long events_offset;
 
 static int failure(const char *call, const struct dev *d) {
     for (int i = 0; i < nfails; i++) {
@@ -139,6 +159,10 @@ static void field(struct dev *d, struct fail *f, const char *kind, const char *k
     else if (!strcmp(key, "gislices")) d->gislices = (unsigned)n;
     else if (!strcmp(key, "cislices")) d->cislices = (unsigned)n;
     else if (!strcmp(key, "memmb")) d->memmb = n;
+    else if (!strcmp(key, "events")) {
+        d->ev_supported = n;
+        d->ev_given = 1;
+    }
     else if (!strcmp(key, "cc")) sscanf(v, "%d.%d", &d->cc_major, &d->cc_minor);
 }
 
@@ -151,6 +175,8 @@ static int load_config(void) {
     if (slash == NULL) return ERR_DRIVER_NOT_LOADED;
     snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "nvml_stub.conf");
     snprintf(modes_path, sizeof modes_path, "%.*snvml_stub.modes", (int)(slash + 1 - path), path);
+    snprintf(events_path, sizeof events_path, "%.*snvml_stub.events", (int)(slash + 1 - path), path);
+    snprintf(recovery_path, sizeof recovery_path, "%.*snvml_stub.recovery", (int)(slash + 1 - path), path);
     FILE *fp = fopen(path, "r");
     if (fp == NULL) return ERR_DRIVER_NOT_LOADED;
     memset(devs, 0, sizeof devs);
@@ -183,6 +209,9 @@ static int load_config(void) {
         }
     }
     fclose(fp);
+    for (int i = 0; i < ndevs; i++) {
+        if (!devs[i].ev_given) devs[i].ev_supported = DEFAULT_EVENTS;
+    }
     /* MIG records name their GPU by enumeration position; store it as an array index. */
     for (int i = 0; i < ndevs; i++) {
         if (!devs[i].is_mig) continue;
@@ -207,6 +236,10 @@ static struct dev *nth_gpu(unsigned n) {
 }
 
 int nvmlInit_v2(void) {
+    if (initialized > 0) {
+        initialized++;
+        return SUCCESS;
+    }
     int rc = load_config();
     if (rc != SUCCESS) return rc;
     initialized = 1;
@@ -217,7 +250,7 @@ int nvmlInit_v2(void) {
 
 int nvmlShutdown(void) {
     if (!initialized) return ERR_UNINITIALIZED;
-    initialized = 0;
+    initialized--;
     return SUCCESS;
 }
 
@@ -414,5 +447,127 @@ int nvmlDeviceSetComputeMode(void *h, unsigned mode) {
     if (fp == NULL) return ERR_INVALID_ARGUMENT;
     fprintf(fp, "%s %u\n", d->uuid, mode);
     fclose(fp);
+    return SUCCESS;
+}
+
+typedef struct {
+    void *device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} event_data_t;
+
+static int event_set_token;
+
+int nvmlEventSetCreate(void **set) {
+    CHECK("nvmlEventSetCreate", NULL);
+    if (set == NULL) return ERR_INVALID_ARGUMENT;
+    FILE *fp = fopen(events_path, "r");
+    events_offset = 0;
+    if (fp != NULL) {
+        fseek(fp, 0, SEEK_END);
+        events_offset = ftell(fp);
+        fclose(fp);
+    }
+    *set = &event_set_token;
+    return SUCCESS;
+}
+
+int nvmlEventSetFree(void *set) {
+    (void)set;
+    return SUCCESS;
+}
+
+int nvmlDeviceGetSupportedEventTypes(void *h, unsigned long long *out) {
+    DEVICE("nvmlDeviceGetSupportedEventTypes");
+    if (out == NULL) return ERR_INVALID_ARGUMENT;
+    *out = d->ev_supported;
+    return SUCCESS;
+}
+
+int nvmlDeviceRegisterEvents(void *h, unsigned long long types, void *set) {
+    DEVICE("nvmlDeviceRegisterEvents");
+    if (set != &event_set_token) return ERR_INVALID_ARGUMENT;
+    if (types & ~d->ev_supported) return ERR_NOT_SUPPORTED;
+    d->ev_registered |= types;
+    return SUCCESS;
+}
+
+/* The next event line after events_offset, or 0 when none is complete yet. */
+static int next_event_line(char *line, size_t len) {
+    FILE *fp = fopen(events_path, "r");
+    if (fp == NULL) return 0;
+    int got = 0;
+    if (fseek(fp, events_offset, SEEK_SET) == 0 && fgets(line, (int)len, fp) != NULL && strchr(line, '\n') != NULL) {
+        events_offset = ftell(fp);
+        got = 1;
+    }
+    fclose(fp);
+    return got;
+}
+
+int nvmlEventSetWait_v2(void *set, event_data_t *data, unsigned timeoutms) {
+    CHECK("nvmlEventSetWait_v2", NULL);
+    if (set != &event_set_token || data == NULL) return ERR_INVALID_ARGUMENT;
+    for (unsigned waited = 0;; waited += 10) {
+        char line[256];
+        while (next_event_line(line, sizeof line)) {
+            unsigned pos = 0, xid = 0;
+            char kind[16] = "";
+            if (strncmp(line, "lost", 4) == 0) return ERR_GPU_IS_LOST;
+            if (sscanf(line, "%u %15s %u", &pos, kind, &xid) < 2) continue;
+            struct dev *d = nth_gpu(pos);
+            if (d == NULL) continue;
+            unsigned long long type = !strcmp(kind, "xid") ? 0x8ULL : !strcmp(kind, "dbe") ? 0x2ULL : 0;
+            if (type == 0 || !(d->ev_registered & type)) continue;
+            data->device = d;
+            data->eventType = type;
+            data->eventData = type == 0x8ULL ? xid : 0;
+            data->gpuInstanceId = 0xFFFFFFFFu;
+            data->computeInstanceId = 0xFFFFFFFFu;
+            return SUCCESS;
+        }
+        if (waited >= timeoutms) return ERR_TIMEOUT;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+typedef struct {
+    unsigned fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned valueType, nvmlReturn;
+    unsigned long long value;
+} field_value_t;
+
+/* The GPU's last recovery action in nvml_stub.recovery, or -1. */
+static long long recovery_action(const struct dev *d) {
+    FILE *fp = fopen(recovery_path, "r");
+    if (fp == NULL) return -1;
+    long long found = -1;
+    unsigned pos, action;
+    char line[128];
+    while (fgets(line, sizeof line, fp) != NULL) {
+        if (sscanf(line, "%u %u", &pos, &action) == 2 && nth_gpu(pos) == d) found = action;
+    }
+    fclose(fp);
+    return found;
+}
+
+int nvmlDeviceGetFieldValues(void *h, int count, field_value_t *values) {
+    DEVICE("nvmlDeviceGetFieldValues");
+    if (count < 0 || (count > 0 && values == NULL)) return ERR_INVALID_ARGUMENT;
+    const struct dev *gpu = d->is_mig ? &devs[d->parent] : d;
+    for (int i = 0; i < count; i++) {
+        long long action = values[i].fieldId == 230 ? recovery_action(gpu) : -1;
+        values[i].latencyUsec = 0;
+        values[i].timestamp = 0;
+        if (action < 0) {
+            values[i].nvmlReturn = ERR_NOT_SUPPORTED;
+            continue;
+        }
+        values[i].nvmlReturn = SUCCESS;
+        values[i].valueType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+        values[i].value = (unsigned long long)action;
+    }
     return SUCCESS;
 }

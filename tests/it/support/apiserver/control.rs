@@ -28,6 +28,12 @@ impl TestApiServer {
         self.shared.mutate(|s| s.gone_as_http_status = enabled);
     }
 
+    /// Serves device taints (the default) or drops them from written slices, as a server
+    /// with the `DRADeviceTaints` feature gate off does.
+    pub fn set_device_taints(&self, served: bool) {
+        self.shared.mutate(|s| s.device_taints = served);
+    }
+
     /// Drops the event history: watches from any older resourceVersion get 410.
     pub fn compact(&self) {
         self.shared.mutate(State::compact);

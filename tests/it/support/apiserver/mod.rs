@@ -16,7 +16,8 @@
 //! - `SelfSubjectReview` and `SelfSubjectAccessReview` (POST), decided by the same forbid
 //!   rules and node authorizer emulation as real requests (admission is not consulted);
 //! - a global integer resourceVersion shared by all kinds; what storage does to objects
-//!   (canonical quantities, taint `timeAdded`, no write for an identical update, `500` for a
+//!   (canonical quantities, taint `timeAdded` defaulted when absent, device taints dropped
+//!   when switched off, no write for an identical update, `500` for a
 //!   create carrying a resourceVersion); validation of the ResourceSlice limits edra can hit
 //!   (`422` with causes); Status bodies on every failure;
 //! - optional node-authorizer + NodeRestriction emulation and test-forbidden combinations;

@@ -65,30 +65,28 @@ pub(crate) fn get(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Re
     Ok(Reply::Json(StatusCode::OK, out(version, &existing)))
 }
 
-/// What the real server's strategy does before validation: canonical quantities, and
-/// `timeAdded` on device taints that lack it (kept from the old object's identical taint).
+/// What the real server's strategy does before validation: canonical quantities, device
+/// taints dropped when the server does not serve them (`DRADeviceTaints` off), and
+/// `timeAdded` defaulted to now on every taint that lacks it (on create and on every
+/// update alike: a client that re-sends a taint without its time resets the clock).
 /// Returns the causes of unparsable quantities.
-fn prepare(object: &mut Value, old: Option<&Value>) -> Vec<Cause> {
+fn prepare(object: &mut Value, device_taints: bool) -> Vec<Cause> {
     let causes = quantity::canonicalize_slice(object);
     let now = now_rfc3339();
     let Some(devices) = object.pointer_mut("/spec/devices").and_then(Value::as_array_mut) else {
         return causes;
     };
     for device in devices {
-        let name = device["name"].clone();
-        let old_taints: Vec<Value> = old
-            .and_then(|o| o["spec"]["devices"].as_array())
-            .and_then(|ds| ds.iter().find(|d| d["name"] == name))
-            .and_then(|d| d["taints"].as_array().cloned())
-            .unwrap_or_default();
-        for taint in device.get_mut("taints").and_then(Value::as_array_mut).into_iter().flatten() {
-            if !taint["timeAdded"].is_null() || !taint.is_object() {
-                continue;
+        if !device_taints {
+            if let Some(d) = device.as_object_mut() {
+                d.remove("taints");
             }
-            let same =
-                |t: &&Value| t["key"] == taint["key"] && t["value"] == taint["value"] && t["effect"] == taint["effect"];
-            let time = old_taints.iter().find(same).map(|t| t["timeAdded"].clone()).filter(|t| !t.is_null());
-            taint["timeAdded"] = time.unwrap_or_else(|| json!(now));
+            continue;
+        }
+        for taint in device.get_mut("taints").and_then(Value::as_array_mut).into_iter().flatten() {
+            if taint.is_object() && taint["timeAdded"].is_null() {
+                taint["timeAdded"] = json!(now);
+            }
         }
     }
     causes
@@ -146,8 +144,10 @@ pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiE
     let mut a = attrs("create", Some(&name));
     a.new_node = Some(node_of(&object));
     call.authorize(&a)?;
-    let mut causes = prepare(&mut object, None);
+    let device_taints = call.shared.lock().device_taints;
+    let mut causes = prepare(&mut object, device_taints);
     causes.extend(validate::slice(&object, None));
+    causes.extend(validate::taint_effects(&object, &call.shared.opts.git_version));
     if !causes.is_empty() {
         return Err(ApiError::invalid(SLICES, &name, &causes));
     }
@@ -227,8 +227,10 @@ fn replace(
     let Some(existing) = existing else {
         return Err(ApiError::not_found(SLICES, name));
     };
-    let mut causes = prepare(&mut object, Some(&existing));
+    let device_taints = call.shared.lock().device_taints;
+    let mut causes = prepare(&mut object, device_taints);
     causes.extend(validate::slice(&object, Some(&existing)));
+    causes.extend(validate::taint_effects(&object, &call.shared.opts.git_version));
     if !causes.is_empty() {
         return Err(ApiError::invalid(SLICES, name, &causes));
     }

@@ -117,6 +117,8 @@ pub struct State {
     pub(crate) forbid: Vec<ForbidRule>,
     pub(crate) node_authorizer: bool,
     pub(crate) gone_as_http_status: bool,
+    /// Device taints are stored (`DRADeviceTaints` on); when false they are dropped.
+    pub(crate) device_taints: bool,
 }
 
 impl State {
@@ -141,6 +143,7 @@ impl State {
             forbid: Vec::new(),
             node_authorizer: false,
             gone_as_http_status: false,
+            device_taints: true,
         }
     }
 

@@ -118,6 +118,33 @@ pub fn slice(object: &Value, old: Option<&Value>) -> Vec<Cause> {
     causes
 }
 
+/// The `None` taint effect is valid from Kubernetes 1.35 on (`git_version` `v1.MINOR...`).
+pub fn taint_effects(object: &Value, git_version: &str) -> Vec<Cause> {
+    let minor: u32 = git_version
+        .trim_start_matches("v1.")
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap_or(u32::MAX);
+    if minor >= 35 {
+        return Vec::new();
+    }
+    let mut causes = Vec::new();
+    for (i, d) in object["spec"]["devices"].as_array().into_iter().flatten().enumerate() {
+        for (j, t) in d["taints"].as_array().into_iter().flatten().enumerate() {
+            if t["effect"] == "None" {
+                causes.push(Cause {
+                    reason: "FieldValueNotSupported",
+                    field: format!("spec.devices[{i}].taints[{j}].effect"),
+                    message: "Unsupported value: \"None\": supported values: \"NoExecute\", \"NoSchedule\"".to_owned(),
+                });
+            }
+        }
+    }
+    causes
+}
+
 fn devices(spec: &Value, causes: &mut Vec<Cause>) {
     let Some(devices) = spec["devices"].as_array() else {
         if !spec["devices"].is_null() {
@@ -136,6 +163,26 @@ fn devices(spec: &Value, causes: &mut Vec<Cause>) {
             field: "spec.devices".to_owned(),
             message: format!("Too many: {}: must have at most {max} items", devices.len()),
         });
+    }
+    for (i, d) in devices.iter().enumerate() {
+        for (j, t) in d["taints"].as_array().into_iter().flatten().enumerate() {
+            let field = format!("spec.devices[{i}].taints[{j}]");
+            if t["key"].as_str().is_none_or(str::is_empty) {
+                causes.push(required(&format!("{field}.key")));
+            }
+            match t["effect"].as_str() {
+                Some("None" | "NoSchedule" | "NoExecute") => {}
+                None => causes.push(required(&format!("{field}.effect"))),
+                Some(_) => causes.push(Cause {
+                    reason: "FieldValueNotSupported",
+                    field: format!("{field}.effect"),
+                    message: format!(
+                        "Unsupported value: {}: supported values: \"NoExecute\", \"NoSchedule\", \"None\"",
+                        t["effect"]
+                    ),
+                }),
+            }
+        }
     }
     let mut seen = std::collections::HashSet::new();
     for (i, device) in devices.iter().enumerate() {

@@ -1,0 +1,90 @@
+//! GPU health: what edra observes about its GPUs' health, and what it means for their
+//! devices.
+//!
+//! A dedicated thread waits on NVML's events (critical XIDs, double-bit ECC errors, lost
+//! GPUs; [`nvml`]) or reads the mock backend's events file ([`source`]); a periodic light
+//! probe notices a GPU that disappeared or came back. The pure [`view`] turns events and
+//! the clock into conditions per GPU (an XID on the ignore list is only counted; a fatal
+//! condition is never downgraded by a lesser event; it clears once the GPU answers and no
+//! critical event came for the quiet period). The [`monitor`] task persists the conditions
+//! ([`store`], so a restart keeps taints and their times) and publishes a
+//! [`HealthSnapshot`] that the publisher turns into device taints, the plugin into the
+//! kubelet's health stream, and the metrics into gauges. This module knows no claims and
+//! no API server.
+
+pub mod monitor;
+pub mod nvml;
+pub mod source;
+pub mod store;
+pub mod view;
+
+use std::collections::BTreeMap;
+
+use crate::inventory::{Device, DeviceKind};
+pub use monitor::{HealthMonitor, HealthSettings};
+pub use source::{HealthBackend, MockHealth};
+pub use view::{Condition, ConditionKind, GpuHealth};
+
+/// The GPUs' health as the monitor last published it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthSnapshot {
+    /// Conditions per GPU UUID.
+    pub gpus: BTreeMap<String, GpuHealth>,
+    /// XIDs seen since start, by (GPU UUID, XID), ignored ones included.
+    pub xids_seen: BTreeMap<(String, u64), u64>,
+}
+
+impl HealthSnapshot {
+    fn of(view: &view::HealthView) -> Self {
+        HealthSnapshot { gpus: view.gpus.clone(), xids_seen: view.xids_seen.clone() }
+    }
+
+    /// The conditions that apply to `device` (its GPU's, or its parent GPU's for MIG).
+    pub fn conditions_of(&self, device: &Device) -> impl Iterator<Item = &Condition> {
+        self.gpus.get(gpu_of(device)).into_iter().flat_map(|g| g.conditions.values())
+    }
+
+    /// `device`'s health state and a message saying why.
+    pub fn device_state(&self, device: &Device) -> (DeviceState, String) {
+        let conditions: Vec<&Condition> = self.conditions_of(device).collect();
+        let fatal: Vec<&&Condition> = conditions.iter().filter(|c| c.fatal).collect();
+        if !fatal.is_empty() {
+            let why: Vec<&str> = fatal.iter().map(|c| c.message.as_str()).collect();
+            return (DeviceState::Unhealthy, why.join("; "));
+        }
+        match conditions.first() {
+            Some(c) => (DeviceState::Unknown, c.message.clone()),
+            None => (DeviceState::Healthy, String::new()),
+        }
+    }
+}
+
+/// A device's health as the kubelet and the metrics see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceState {
+    /// Not known (its GPU is not monitored).
+    Unknown,
+    /// No condition.
+    Healthy,
+    /// A fatal condition: tainted NoSchedule.
+    Unhealthy,
+}
+
+impl DeviceState {
+    /// `unknown`, `healthy`, `unhealthy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceState::Unknown => "unknown",
+            DeviceState::Healthy => "healthy",
+            DeviceState::Unhealthy => "unhealthy",
+        }
+    }
+}
+
+/// The UUID of the GPU `device` is (or is carved from).
+pub fn gpu_of(device: &Device) -> &str {
+    match &device.kind {
+        DeviceKind::Gpu => &device.uuid,
+        DeviceKind::Mig(m) => &m.parent_uuid,
+    }
+}
