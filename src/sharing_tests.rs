@@ -71,6 +71,14 @@ fn a_shareable_gpu_is_written_as_the_api_validates_it() {
     // The API's rules (validRange without max): default >= min, (default - min) % step == 0, min + step <= value.
     let p = out.devices[2].shared.unwrap();
     assert!(p.default >= p.step && (p.default - p.step).is_multiple_of(p.step) && 2 * p.step <= 23034 * MI);
+    let mut with_sms = out.devices[0].clone();
+    with_sms.capacity.insert("multiprocessors".into(), 108);
+    let written = serde_json::to_value(api_device(&with_sms)).unwrap();
+    assert_eq!(
+        written["capacity"]["multiprocessors"],
+        json!({"value": "108", "requestPolicy": {"default": "0", "validRange": {"min": "0", "step": "1"}}}),
+        "a share that names only memory takes no multiprocessors"
+    );
     let whole = serde_json::to_value(api_device(&out.devices[1])).unwrap();
     assert!(whole.get("allowMultipleAllocations").is_none(), "{whole}");
     assert!(whole["capacity"]["memory"].get("requestPolicy").is_none(), "{whole}");

@@ -201,14 +201,19 @@ fn node_owner(name: &str, uid: &str) -> OwnerReference {
 pub fn api_device(d: &Device) -> ApiDevice {
     let attributes: BTreeMap<String, DeviceAttribute> =
         d.attributes.iter().map(|(k, v)| (k.clone(), api_attribute(v))).collect();
+    // On a multi-allocatable device the scheduler charges every capacity a request does not
+    // name with the policy's default, or the whole value without a policy: memory defaults
+    // to the whole GPU (a claim without a request gets it all), the others to nothing, so a
+    // share that names only memory does not take all multiprocessors.
     let policy = |k: &str| {
-        let p = d.shared.filter(|_| k == "memory")?;
+        let p = d.shared?;
+        let (default, min, step) = if k == "memory" { (p.default, p.step, p.step) } else { (0, 0, 1) };
         Some(CapacityRequestPolicy {
-            default: Some(Quantity(quantity(p.default))),
+            default: Some(Quantity(quantity(default))),
             valid_range: Some(CapacityRequestPolicyRange {
-                min: Quantity(quantity(p.step)),
+                min: Quantity(quantity(min)),
                 max: None,
-                step: Some(Quantity(quantity(p.step))),
+                step: Some(Quantity(quantity(step))),
             }),
             valid_values: None,
         })
