@@ -13,5 +13,6 @@ mod offline;
 mod pool;
 mod preparing;
 mod publishing;
+mod shares;
 mod sharing;
 mod single;

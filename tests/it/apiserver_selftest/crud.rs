@@ -175,6 +175,63 @@ async fn validation_rejects_what_the_real_server_rejects() -> Result<()> {
 }
 
 #[tokio::test]
+async fn request_policies_are_validated_as_the_real_server_does() -> Result<()> {
+    let (server, client) = start(Options::default()).await?;
+    let with_policy = |name: &str, multi: bool, policy: Value| {
+        let mut s = slice(name, "n", "gpu.example.com", 1);
+        s["spec"]["devices"][0]["capacity"] = json!({"memory": {"value": "22784Mi", "requestPolicy": policy}});
+        if multi {
+            s["spec"]["devices"][0]["allowMultipleAllocations"] = json!(true);
+        }
+        s
+    };
+    let fields = |body: &Value| -> Vec<String> {
+        body["details"]["causes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["field"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let good = json!({"default": "22Gi", "validRange": {"min": "1Gi", "step": "1Gi"}});
+    let (status, created) = client.json(Method::POST, SLICES, Some(&with_policy("good", true, good.clone()))).await?;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let cases = [
+        ("not-multi", false, good, "spec.devices[0].capacity[memory].requestPolicy"),
+        (
+            "off-step",
+            true,
+            json!({"default": "22784Mi", "validRange": {"min": "1Gi", "step": "1Gi"}}),
+            "spec.devices[0].capacity[memory].requestPolicy.default",
+        ),
+        (
+            "no-default",
+            true,
+            json!({"validRange": {"min": "1Gi"}}),
+            "spec.devices[0].capacity[memory].requestPolicy.default",
+        ),
+        (
+            "big-step",
+            true,
+            json!({"default": "1Gi", "validRange": {"min": "1Gi", "step": "22Gi"}}),
+            "spec.devices[0].capacity[memory].requestPolicy.validRange.step",
+        ),
+    ];
+    for (name, multi, policy, field) in cases {
+        let (status, body) = client.json(Method::POST, SLICES, Some(&with_policy(name, multi, policy))).await?;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{name}: {body}");
+        assert!(fields(&body).iter().any(|f| f == field), "{name}: {body}");
+    }
+    // Without the gate, the fields are dropped instead.
+    server.set_consumable_capacity(false);
+    let (status, created) =
+        client.json(Method::POST, SLICES, Some(&with_policy("dropped", false, json!({"bogus": 1})))).await?;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["spec"]["devices"][0]["capacity"]["memory"], json!({"value": "22784Mi"}));
+    Ok(())
+}
+
+#[tokio::test]
 async fn v1beta1_shapes_round_trip() -> Result<()> {
     let opts = Options { versions: vec![ApiVersion::V1, ApiVersion::V1beta1], ..Options::default() };
     let (server, client) = start(opts).await?;

@@ -13,6 +13,8 @@ pub struct AllocatedDevice {
     pub driver: String,
     pub pool: String,
     pub device: String,
+    /// `shareID` and the consumed `memory` of a multi-allocatable device's allocation.
+    pub share: Option<(String, String)>,
 }
 
 impl AllocatedDevice {
@@ -22,7 +24,14 @@ impl AllocatedDevice {
             driver: driver.to_owned(),
             pool: pool.to_owned(),
             device: device.to_owned(),
+            share: None,
         }
+    }
+
+    /// The allocation of a share: its ID and the memory it consumes (a quantity).
+    pub fn share(mut self, share_id: &str, memory: &str) -> Self {
+        self.share = Some((share_id.to_owned(), memory.to_owned()));
+        self
     }
 }
 
@@ -108,7 +117,14 @@ impl ClaimBuilder {
         let results: Vec<Value> = self
             .results
             .iter()
-            .map(|d| json!({"request": d.request, "driver": d.driver, "pool": d.pool, "device": d.device}))
+            .map(|d| {
+                let mut r = json!({"request": d.request, "driver": d.driver, "pool": d.pool, "device": d.device});
+                if let Some((id, memory)) = &d.share {
+                    r["shareID"] = json!(id);
+                    r["consumedCapacity"] = json!({"memory": memory});
+                }
+                r
+            })
             .collect();
         let mut claim = json!({
             "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},

@@ -34,6 +34,13 @@ impl TestApiServer {
         self.shared.mutate(|s| s.device_taints = served);
     }
 
+    /// Serves consumable capacity (the default) or drops `allowMultipleAllocations` and
+    /// capacity request policies from written slices, as a server with the
+    /// `DRAConsumableCapacity` feature gate off (or older than 1.34) does.
+    pub fn set_consumable_capacity(&self, served: bool) {
+        self.shared.mutate(|s| s.consumable_capacity = served);
+    }
+
     /// Drops the event history: watches from any older resourceVersion get 410.
     pub fn compact(&self) {
         self.shared.mutate(State::compact);

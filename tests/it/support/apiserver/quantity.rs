@@ -62,6 +62,18 @@ fn parse(s: &str) -> Option<(i128, i32, Format)> {
     Some((mantissa, scale, format))
 }
 
+/// The quantity as a whole number, rounded up as Go's `Quantity.Value()` does (the API
+/// server's request-policy checks use it), or `None` if it does not parse.
+pub fn value(s: &str) -> Option<i128> {
+    let (mantissa, scale, _) = parse(s)?;
+    if scale >= 0 {
+        return mantissa.checked_mul(10_i128.checked_pow(scale.unsigned_abs())?);
+    }
+    let divisor = 10_i128.checked_pow(scale.unsigned_abs())?;
+    let whole = mantissa / divisor;
+    Some(if mantissa % divisor > 0 { whole + 1 } else { whole })
+}
+
 /// The canonical string of a quantity, or `None` if it does not parse.
 pub fn canonical(s: &str) -> Option<String> {
     let (mut mantissa, mut scale, mut format) = parse(s.trim())?;

@@ -66,17 +66,27 @@ pub(crate) fn get(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Re
 }
 
 /// What the real server's strategy does before validation: canonical quantities, device
-/// taints dropped when the server does not serve them (`DRADeviceTaints` off), and
+/// taints dropped when the server does not serve them (`DRADeviceTaints` off),
+/// `allowMultipleAllocations` and request policies dropped likewise
+/// (`DRAConsumableCapacity` off), and
 /// `timeAdded` defaulted to now on every taint that lacks it (on create and on every
 /// update alike: a client that re-sends a taint without its time resets the clock).
 /// Returns the causes of unparsable quantities.
-fn prepare(object: &mut Value, device_taints: bool) -> Vec<Cause> {
+fn prepare(object: &mut Value, (device_taints, consumable_capacity): (bool, bool)) -> Vec<Cause> {
     let causes = quantity::canonicalize_slice(object);
     let now = now_rfc3339();
     let Some(devices) = object.pointer_mut("/spec/devices").and_then(Value::as_array_mut) else {
         return causes;
     };
     for device in devices {
+        if !consumable_capacity && let Some(d) = device.as_object_mut() {
+            d.remove("allowMultipleAllocations");
+            for cap in d.get_mut("capacity").and_then(Value::as_object_mut).into_iter().flat_map(|c| c.values_mut()) {
+                if let Some(c) = cap.as_object_mut() {
+                    c.remove("requestPolicy");
+                }
+            }
+        }
         if !device_taints {
             if let Some(d) = device.as_object_mut() {
                 d.remove("taints");
@@ -144,8 +154,11 @@ pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiE
     let mut a = attrs("create", Some(&name));
     a.new_node = Some(node_of(&object));
     call.authorize(&a)?;
-    let device_taints = call.shared.lock().device_taints;
-    let mut causes = prepare(&mut object, device_taints);
+    let gates = {
+        let s = call.shared.lock();
+        (s.device_taints, s.consumable_capacity)
+    };
+    let mut causes = prepare(&mut object, gates);
     causes.extend(validate::slice(&object, None));
     causes.extend(validate::taint_effects(&object, &call.shared.opts.git_version));
     if !causes.is_empty() {
@@ -227,8 +240,11 @@ fn replace(
     let Some(existing) = existing else {
         return Err(ApiError::not_found(SLICES, name));
     };
-    let device_taints = call.shared.lock().device_taints;
-    let mut causes = prepare(&mut object, device_taints);
+    let gates = {
+        let s = call.shared.lock();
+        (s.device_taints, s.consumable_capacity)
+    };
+    let mut causes = prepare(&mut object, gates);
     causes.extend(validate::slice(&object, Some(&existing)));
     causes.extend(validate::taint_effects(&object, &call.shared.opts.git_version));
     if !causes.is_empty() {

@@ -119,6 +119,9 @@ pub struct State {
     pub(crate) gone_as_http_status: bool,
     /// Device taints are stored (`DRADeviceTaints` on); when false they are dropped.
     pub(crate) device_taints: bool,
+    /// `allowMultipleAllocations` and request policies are stored (`DRAConsumableCapacity`
+    /// on); when false they are dropped.
+    pub(crate) consumable_capacity: bool,
 }
 
 impl State {
@@ -144,6 +147,7 @@ impl State {
             node_authorizer: false,
             gone_as_http_status: false,
             device_taints: true,
+            consumable_capacity: true,
         }
     }
 

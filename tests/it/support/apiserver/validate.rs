@@ -5,6 +5,7 @@
 
 use serde_json::Value;
 
+use super::quantity;
 use super::status::Cause;
 
 const MAX_DEVICES: usize = 128;
@@ -145,6 +146,66 @@ pub fn taint_effects(object: &Value, git_version: &str) -> Vec<Cause> {
     causes
 }
 
+/// The API's rules for a capacity's `requestPolicy` (Kubernetes 1.36 validation): exactly
+/// one of validValues / validRange; for a range: `default` and `min` required, `min <=
+/// value`, `default >= min`, `max` within `[min, value]` and `>= default`, and with a step
+/// `min + step <= value`, `(default - min) % step == 0`, `(max - min) % step == 0`, all on
+/// whole numbers.
+fn request_policy(field: &str, cap: &Value, causes: &mut Vec<Cause>) {
+    let policy = &cap["requestPolicy"];
+    let num = |v: &Value| v.as_str().and_then(quantity::value);
+    let mut bad = |path: &str, why: &str| {
+        causes.push(Cause {
+            reason: "FieldValueInvalid",
+            field: format!("{field}.requestPolicy{path}"),
+            message: format!("Invalid value: {why}"),
+        })
+    };
+    let Some(value) = num(&cap["value"]) else { return };
+    let range = &policy["validRange"];
+    if range.is_null() == policy["validValues"].is_null() {
+        bad("", "exactly one of validValues or validRange must be set");
+        return;
+    }
+    if range.is_null() {
+        return;
+    }
+    let Some(default) = num(&policy["default"]) else {
+        bad(".default", "required when validRange is set");
+        return;
+    };
+    let Some(min) = num(&range["min"]) else {
+        bad(".validRange.min", "required");
+        return;
+    };
+    if min > value {
+        bad(".validRange.min", "must be less than or equal to the capacity value");
+    }
+    if default < min {
+        bad(".default", "must be greater than or equal to validRange.min");
+    }
+    let max = num(&range["max"]);
+    if let Some(max) = max
+        && (max < min || max > value || default > max)
+    {
+        bad(".validRange.max", "must be between min and the capacity value, and at least the default");
+    }
+    if let Some(step) = num(&range["step"]) {
+        if step <= 0 || min + step > value {
+            bad(".validRange.step", "min + step must be less than or equal to the capacity value");
+            return;
+        }
+        if (default - min) % step != 0 {
+            bad(".default", "default - min must be a multiple of validRange.step");
+        }
+        if let Some(max) = max
+            && (max - min) % step != 0
+        {
+            bad(".validRange.max", "max - min must be a multiple of validRange.step");
+        }
+    }
+}
+
 fn devices(spec: &Value, causes: &mut Vec<Cause>) {
     let Some(devices) = spec["devices"].as_array() else {
         if !spec["devices"].is_null() {
@@ -221,8 +282,19 @@ fn devices(spec: &Value, causes: &mut Vec<Cause>) {
             }
         }
         for (key, cap) in capacity.into_iter().flatten() {
+            let field = format!("spec.devices[{i}].capacity[{key}]");
             if cap["value"].is_null() {
-                causes.push(required(&format!("spec.devices[{i}].capacity[{key}].value")));
+                causes.push(required(&format!("{field}.value")));
+            }
+            if !cap["requestPolicy"].is_null() {
+                if device["allowMultipleAllocations"] != Value::Bool(true) {
+                    causes.push(Cause {
+                        reason: "FieldValueForbidden",
+                        field: format!("{field}.requestPolicy"),
+                        message: "Forbidden: allowMultipleAllocations must be true".to_owned(),
+                    });
+                }
+                request_policy(&field, cap, causes);
             }
         }
     }

@@ -1,0 +1,147 @@
+//! Many claims on one GPU: shareable GPUs published with their memory policy on every
+//! resource.k8s.io version, a server that drops consumable capacity gets the fallback
+//! (warned once, no write loop), replicas, and shares prepared through the kubelet socket.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::agent::{Agent, CapturedLogs, Cluster, DRIVER, GPUS, NODE, WAIT, device_names, prepare};
+use crate::support::apiserver::{AllocatedDevice, ApiVersion, ClaimBuilder, Options};
+
+/// The `[mock]` body plus a `[sharing]` section.
+fn with_sharing(sharing: &str) -> String {
+    format!("gpus = {GPUS}\n[sharing]\n{sharing}")
+}
+
+fn device<'a>(slices: &'a [Value], name: &str) -> &'a Value {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+        .find(|d| d["name"] == name)
+        .unwrap_or_else(|| panic!("device {name} published: {slices:?}"))
+}
+
+/// Waits until no write follows for a second after `mark` (for [`WAIT`] at most: a write
+/// loop never goes quiet), and returns the writes made.
+async fn writes_until_quiet(cluster: &Cluster, mark: usize) -> usize {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let before = cluster.server.with_state(|s| s.writes_since(mark));
+        let more =
+            cluster.server.wait_for("another write", Duration::from_secs(1), |s| s.writes_since(mark) > before).await;
+        if more.is_err() || std::time::Instant::now() > deadline {
+            return before;
+        }
+    }
+}
+
+#[tokio::test]
+async fn shareable_gpus_carry_their_memory_policy_on_every_api_version_without_rewrites() {
+    for (version, git) in
+        [(ApiVersion::V1, "v1.36.2"), (ApiVersion::V1beta2, "v1.34.3"), (ApiVersion::V1beta1, "v1.34.3")]
+    {
+        let options = Options { git_version: git.into(), versions: vec![version], ..Options::default() };
+        let cluster = Cluster::start_with(options).await;
+        let mark = cluster.server.with_state(|s| s.request_mark());
+        let agent =
+            Agent::start(cluster.fs(), cluster.config_with(NODE, &with_sharing("memory_step = \"512Mi\""))).await;
+        cluster.wait_published(NODE, GPUS).await;
+        let slices = cluster.slices_on(NODE);
+        let gpu = device(&slices, "gpu-0");
+        assert_eq!(gpu["allowMultipleAllocations"], json!(true), "{version:?}: {gpu}");
+        assert_eq!(
+            gpu["capacity"]["memory"],
+            json!({"value": "80Gi", "requestPolicy": {"default": "80Gi", "validRange": {"min": "512Mi", "step": "512Mi"}}}),
+            "{version:?}"
+        );
+        assert_eq!(
+            writes_until_quiet(&cluster, mark).await,
+            slices.len(),
+            "{version:?}: one create per slice, then none"
+        );
+        agent.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_drops_consumable_capacity_gets_the_fallback_once_with_one_warning() {
+    for (fallback, expected) in [
+        ("exclusive", (0..GPUS).map(|i| format!("gpu-{i}")).collect::<Vec<_>>()),
+        ("replicas", (0..GPUS).flat_map(|i| (0..3).map(move |k| format!("gpu-{i}-replica-{k}"))).collect()),
+    ] {
+        let cluster = Cluster::start_with(Options { git_version: "v1.33.5".into(), ..Options::default() }).await;
+        cluster.server.set_consumable_capacity(false);
+        let (logs, _guard) = CapturedLogs::start();
+        let mark = cluster.server.with_state(|s| s.request_mark());
+        let sharing = with_sharing(&format!("fallback = \"{fallback}\"\nreplicas = 3"));
+        let agent = Agent::start(cluster.fs(), cluster.config_with(NODE, &sharing)).await;
+        cluster.wait_published(NODE, expected.len()).await;
+        cluster
+            .server
+            .wait_for("the fallback published", WAIT, |s| device_names(&s.slices_on(NODE)) == expected)
+            .await
+            .expect("the fallback replaces the shareable GPUs");
+        let writes = writes_until_quiet(&cluster, mark).await;
+        assert!(writes <= 3, "{fallback}: the first write, the fallback, at most one delete: {writes}");
+        let slices = cluster.slices_on(NODE);
+        assert!(device_names(&slices).iter().all(|n| device(&slices, n).get("allowMultipleAllocations").is_none()));
+        let text = logs.text();
+        assert_eq!(text.matches("dropped consumable capacity").count(), 1, "{text}");
+        assert!(text.contains("DRAConsumableCapacity"), "{text}");
+        agent.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn replicas_are_published_with_the_gpus_uuid_and_prepared_on_their_gpu() {
+    let cluster = Cluster::start().await;
+    let agent =
+        Agent::start(cluster.fs(), cluster.config_with(NODE, &with_sharing("mode = \"replicas\"\nreplicas = 2"))).await;
+    cluster.wait_published(NODE, GPUS * 2).await;
+    let slices = cluster.slices_on(NODE);
+    let (r0, r1) = (device(&slices, "gpu-1-replica-0"), device(&slices, "gpu-1-replica-1"));
+    assert_eq!(r0["attributes"]["uuid"], r1["attributes"]["uuid"]);
+    assert_eq!(r1["attributes"]["replica"], json!({"int": 1}));
+    assert_eq!(r1["capacity"]["memory"]["value"], "40Gi");
+    let a = cluster.allocated_claim("a", "gpu-1-replica-0");
+    let b = cluster.allocated_claim("b", "gpu-1-replica-1");
+    let mut client = agent.v1().await;
+    let answers = prepare(&mut client, &[a.clone(), b.clone()]).await.expect("prepare");
+    for claim in [&a, &b] {
+        let answer = &answers[&claim.uid];
+        assert!(answer.error.is_empty(), "{}", answer.error);
+        assert_eq!(answer.devices[0].device_name, format!("gpu-1-replica-{}", if claim == &a { 0 } else { 1 }));
+    }
+    let spec: Value = serde_json::from_slice(&std::fs::read(cluster.fs().spec_file(&a.uid)).unwrap()).unwrap();
+    let nodes = &spec["devices"][0]["containerEdits"]["deviceNodes"];
+    assert!(nodes[0]["path"].as_str().is_some_and(|p| p.ends_with("/nvidia1")), "{nodes}");
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn shares_are_prepared_through_the_kubelet_socket_with_share_ids_and_accounted() {
+    let cluster = Cluster::start().await;
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    cluster.wait_published(NODE, GPUS).await;
+    let share = |name: &str, id: &str, memory: &str| {
+        cluster.put_claim(
+            ClaimBuilder::new("default", name)
+                .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-2").share(id, memory)),
+        )
+    };
+    let a = share("a", "6de5d941-c79d-4a8a-ba10-668351620525", "30Gi");
+    let b = share("b", "1b4e28ba-2fa1-41d2-883f-0016d3cca427", "30Gi");
+    let c = share("c", "f47ac10b-58cc-4372-a567-0e02b2c3d479", "30Gi");
+    let mut client = agent.v1().await;
+    let answers = prepare(&mut client, &[a.clone(), b.clone()]).await.expect("prepare");
+    let (da, db) = (&answers[&a.uid].devices[0], &answers[&b.uid].devices[0]);
+    assert_eq!(da.share_id.as_deref(), Some("6de5d941-c79d-4a8a-ba10-668351620525"));
+    assert_eq!(db.share_id.as_deref(), Some("1b4e28ba-2fa1-41d2-883f-0016d3cca427"));
+    assert_ne!(da.cdi_device_ids, db.cdi_device_ids);
+    let answers = prepare(&mut client, &[c.clone()]).await.expect("prepare");
+    let e = &answers[&c.uid].error;
+    assert!(e.contains("GPU gpu-2 has 20Gi of memory left for shares and this claim asks for 30Gi"), "{e}");
+    assert!(e.contains("default/a (30Gi)") && e.contains("default/b (30Gi)"), "{e}");
+    agent.stop().await;
+}
