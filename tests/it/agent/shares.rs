@@ -139,7 +139,7 @@ async fn shares_are_prepared_through_the_kubelet_socket_with_share_ids_and_accou
     assert_eq!(da.share_id.as_deref(), Some("6de5d941-c79d-4a8a-ba10-668351620525"));
     assert_eq!(db.share_id.as_deref(), Some("1b4e28ba-2fa1-41d2-883f-0016d3cca427"));
     assert_ne!(da.cdi_device_ids, db.cdi_device_ids);
-    let answers = prepare(&mut client, &[c.clone()]).await.expect("prepare");
+    let answers = prepare(&mut client, std::slice::from_ref(&c)).await.expect("prepare");
     let e = &answers[&c.uid].error;
     assert!(e.contains("GPU gpu-2 has 20Gi of memory left for shares and this claim asks for 30Gi"), "{e}");
     assert!(e.contains("default/a (30Gi)") && e.contains("default/b (30Gi)"), "{e}");
