@@ -311,3 +311,33 @@ fn ignored_xids_default_to_the_application_errors_and_are_checked() {
             .is_some_and(|p| p.contains("\"lots\" is not an XID number from 1 to 65535"))
     );
 }
+
+#[test]
+fn sharing_defaults_to_shares_of_every_gpu_and_bad_values_name_the_key() {
+    use crate::sharing::{Fallback, GpuSelection, SharingMode};
+    let cfg = Config::load(&ctx(None, &[])).unwrap();
+    assert_eq!(cfg.sharing, crate::sharing::SharingSettings::default());
+    assert_eq!((cfg.sharing.mode, cfg.sharing.memory_step), (SharingMode::Shares, 1 << 30));
+    let f = write(
+        "[sharing]\nmode = \"replicas\"\ngpus = [\"gpu-1\", \"GPU-abc\"]\nmemory_step = \"512Mi\"\nreplicas = 8\n\
+         fallback = \"replicas\"\n",
+    );
+    let cfg = Config::load(&ctx(Some(f.path().into()), &[])).unwrap();
+    assert_eq!(cfg.sharing.mode, SharingMode::Replicas);
+    assert_eq!(cfg.sharing.gpus, GpuSelection::Listed(vec!["gpu-1".into(), "GPU-abc".into()]));
+    assert_eq!((cfg.sharing.memory_step, cfg.sharing.replicas, cfg.sharing.fallback), (512 << 20, 8, Fallback::Replicas));
+    let cases = [
+        ("sharing.mode", "split", "expected shares, replicas or exclusive"),
+        ("sharing.gpus", "*,gpu-0", "cannot be combined"),
+        ("sharing.gpus", "../etc", "neither a GPU device name"),
+        ("sharing.memory_step", "1500k", "whole number of MiB"),
+        ("sharing.memory_step", "2Ti", "from 1Mi to 1Ti"),
+        ("sharing.replicas", "1", "from 2 to 64"),
+        ("sharing.replicas", "4294967298", "from 2 to 64"),
+        ("sharing.fallback", "none", "expected exclusive or replicas"),
+    ];
+    for (key, value, want) in cases {
+        let p = problem_of(key, value).unwrap_or_else(|| panic!("{key}={value} accepted"));
+        assert!(p.contains(want), "{key}={value}: {p}");
+    }
+}
