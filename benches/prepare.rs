@@ -36,6 +36,10 @@ async fn main() {
         mps().await;
         return;
     }
+    if std::env::args().any(|a| a == "shares") {
+        shares().await;
+        return;
+    }
     let sample = single(8, Layout::Production).await;
     let same_disk = single(8, Layout::SameDisk).await;
     drop(same_disk);
@@ -43,7 +47,53 @@ async fn main() {
     burst().await;
     time_slicing().await;
     mps().await;
+    shares().await;
     breakdown(sample).await;
+}
+
+/// Claims measured in the shares section.
+const SHARED: usize = 300;
+
+/// Shares of a GPU next to whole GPUs: a share's prepare adds the accounting of the GPU's
+/// shares to the state transaction (read, check, rewrite the GPU's list) and a CDI device
+/// named by its share ID; it changes nothing on the GPU. Interleaved with whole-GPU claims
+/// (no share ID) on the same GPUs, four shares held on each GPU meanwhile.
+async fn shares() {
+    let (site, agent, mut client) = ready_site(8, UNLIMITED, Layout::Production).await;
+    let mut held = Vec::new();
+    for g in 0..4 {
+        for k in 0..4 {
+            let c = site.claim_share(&format!("held{g}-{k}"), &format!("gpu-{g}"), "10Gi");
+            prepare(&mut client, vec![c.clone()]).await;
+            held.push(c);
+        }
+    }
+    let (mut sh_prep, mut sh_release) = (Samples::default(), Samples::default());
+    let (mut ex_prep, mut ex_release) = (Samples::default(), Samples::default());
+    for k in 0..(WARMUP + SHARED) {
+        let share = site.claim_share(&format!("sh{k}"), &format!("gpu-{}", k % 4), "20Gi");
+        let whole = site.claim(&format!("wh{k}"), &[format!("gpu-{}", 4 + k % 4)]);
+        let (p, u) = (prepare(&mut client, vec![share.clone()]).await, unprepare(&mut client, vec![share]).await);
+        let (q, v) = (prepare(&mut client, vec![whole.clone()]).await, unprepare(&mut client, vec![whole]).await);
+        if k >= WARMUP {
+            sh_prep.push(p);
+            sh_release.push(u);
+            ex_prep.push(q);
+            ex_release.push(v);
+        }
+    }
+    unprepare(&mut client, held).await;
+    println!(
+        "## Shares ({SHARED} 20Gi shares of GPUs that hold four 10Gi shares each, interleaved with as many whole-GPU \
+         claims; mock GPUs = 8, rate limit lifted)\n"
+    );
+    println!("{}", latency_header());
+    println!("{}", sh_prep.row("prepare, a share"));
+    println!("{}", ex_prep.row("prepare, a whole GPU (same run)"));
+    println!("{}", sh_release.row("unprepare, a share"));
+    println!("{}", ex_release.row("unprepare, a whole GPU (same run)"));
+    println!();
+    agent.stop();
 }
 
 /// Claims measured in the MPS section.

@@ -214,6 +214,20 @@ gpus = {gpus}
     }
 }
 
+impl Site {
+    /// A claim allocated one share of `device` (share ID from the name, `memory` consumed),
+    /// as the scheduler allocates a multi-allocatable device.
+    pub fn claim_share(&self, name: &str, device: &str, memory: &str) -> v1::Claim {
+        let b = ClaimBuilder::new(NAMESPACE, name).on_node(NODE).reserved_for_pod(name, &pod_uid(name)).allocated(
+            AllocatedDevice::new("gpu0", DRIVER, NODE, device).share(&pod_uid(&format!("share-{name}")), memory),
+        );
+        let stored = self.server.put_claim(b.build());
+        self.server.mark_claim_on_node(NAMESPACE, name, NODE);
+        let uid = stored["metadata"]["uid"].as_str().expect("stored claim has a uid").to_string();
+        v1::Claim { namespace: NAMESPACE.into(), uid, name: name.into() }
+    }
+}
+
 fn pod_uid(name: &str) -> String {
     let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     let hex = format!("{h:016x}{h:016x}");

@@ -325,7 +325,10 @@ fn sharing_defaults_to_shares_of_every_gpu_and_bad_values_name_the_key() {
     let cfg = Config::load(&ctx(Some(f.path().into()), &[])).unwrap();
     assert_eq!(cfg.sharing.mode, SharingMode::Replicas);
     assert_eq!(cfg.sharing.gpus, GpuSelection::Listed(vec!["gpu-1".into(), "GPU-abc".into()]));
-    assert_eq!((cfg.sharing.memory_step, cfg.sharing.replicas, cfg.sharing.fallback), (512 << 20, 8, Fallback::Replicas));
+    assert_eq!(
+        (cfg.sharing.memory_step, cfg.sharing.replicas, cfg.sharing.fallback),
+        (512 << 20, 8, Fallback::Replicas)
+    );
     let cases = [
         ("sharing.mode", "split", "expected shares, replicas or exclusive"),
         ("sharing.gpus", "*,gpu-0", "cannot be combined"),
