@@ -8,11 +8,15 @@ use std::future::Future;
 use futures_util::future::join_all;
 
 use super::{CheckResult, NETWORK_TIMEOUT, Status};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
 use crate::config::Config;
 use crate::kube::{AccessCheck, AccessDecision, Client, ClientSettings, Error, Sources, SubjectInfo};
+use crate::sharing::{SharingMode, SharingSettings};
 
 const API: &str = "api-server";
 const PERMS: &str = "api-permissions";
+const SHARES: &str = "gpu-shares";
 
 /// A client whose every request gives up within a few seconds.
 pub fn doctor_client(cfg: &Config) -> Result<Client, Error> {
@@ -227,14 +231,63 @@ pub async fn api_permissions(cfg: &Config, client: &Client) -> CheckResult {
     evaluate_permissions(who.as_ref(), &cfg.node_name, &pairs)
 }
 
-/// Checks 6 and 7.
+/// How this node's published slices offer its GPUs, against `[sharing]`: a server that
+/// dropped consumable capacity shows as shares configured but none published.
+pub fn evaluate_sharing(sharing: &SharingSettings, slices: &[ResourceSlice]) -> CheckResult {
+    let devices: Vec<_> = slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect();
+    if devices.is_empty() {
+        return CheckResult::skip(SHARES, "no devices of this node are published yet (see the agent's log)");
+    }
+    let shareable = devices.iter().filter(|d| d.allow_multiple_allocations == Some(true)).count();
+    let replicas = devices.iter().filter(|d| crate::sharing::replica_name(&d.name).is_some()).count();
+    match sharing.mode {
+        SharingMode::Exclusive => {
+            CheckResult::pass(SHARES, format!("sharing.mode is exclusive: {} devices, one claim each", devices.len()))
+        }
+        SharingMode::Replicas => CheckResult::pass(SHARES, format!("{replicas} replica devices published")),
+        SharingMode::Shares if shareable > 0 => CheckResult::pass(
+            SHARES,
+            format!("{shareable} GPUs published as shareable (consumable capacity; claims ask for memory)"),
+        ),
+        SharingMode::Shares => CheckResult::new(
+            SHARES,
+            Status::Warn,
+            format!(
+                "sharing.mode is shares but no device is published as shareable ({} devices, {replicas} of them \
+                 replicas): the API server drops consumable capacity (its DRAConsumableCapacity gate is off, or it \
+                 is older than Kubernetes 1.34), or sharing.gpus selects no GPU",
+                devices.len()
+            ),
+            "enable DRAConsumableCapacity on kube-apiserver and kube-scheduler and restart edra, or set \
+             sharing.mode = \"replicas\" (or sharing.fallback = \"replicas\") to share GPUs without it",
+        ),
+    }
+}
+
+/// Check 8: how the GPUs are offered as published (needs the API server).
+pub async fn published_sharing(cfg: &Config, client: &Client) -> CheckResult {
+    let selector = format!("spec.nodeName={},spec.driver={}", cfg.node_name, cfg.driver_name);
+    let listed = async {
+        let api = client.discover_resource_api().await?;
+        client.list_slices(api, &selector).await
+    };
+    match bounded("list ResourceSlices", listed).await {
+        Ok(list) => evaluate_sharing(&cfg.sharing, &list.items),
+        Err(e) => CheckResult::skip(SHARES, format!("cannot list this node's ResourceSlices: {e}")),
+    }
+}
+
+/// Checks 6 to 8.
 pub async fn checks(cfg: &Config) -> Vec<CheckResult> {
     let (api, client) = api_server(cfg).await;
-    let perms = match &client {
-        Some(c) => api_permissions(cfg, c).await,
-        None => CheckResult::skip(PERMS, "the API server could not be reached (see api-server)"),
+    let (perms, sharing) = match &client {
+        Some(c) => (api_permissions(cfg, c).await, published_sharing(cfg, c).await),
+        None => (
+            CheckResult::skip(PERMS, "the API server could not be reached (see api-server)"),
+            CheckResult::skip(SHARES, "the API server could not be reached (see api-server)"),
+        ),
     };
-    vec![api, perms]
+    vec![api, perms, sharing]
 }
 
 #[cfg(test)]

@@ -109,3 +109,30 @@ async fn no_credentials_fail_fast_and_skip_permissions() {
     assert_eq!(r[1].status, Status::Skip);
     assert!(started.elapsed() < NETWORK_TIMEOUT);
 }
+
+#[test]
+fn published_sharing_is_judged_against_the_configuration() {
+    use crate::sharing::{SharingMode, SharingSettings};
+    let slice = |devices: serde_json::Value| -> ResourceSlice {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "s"}, "spec": {"driver": "gpu.edra.dev",
+            "nodeName": "n1", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1}, "devices": devices}}))
+        .unwrap()
+    };
+    let shared = slice(serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": true}, {"name": "gpu-1"}]));
+    let dropped = slice(serde_json::json!([{"name": "gpu-0"}, {"name": "gpu-1"}]));
+    let replicas = slice(serde_json::json!([{"name": "gpu-0-replica-0"}, {"name": "gpu-0-replica-1"}]));
+    let shares = SharingSettings::default();
+    let r = evaluate_sharing(&shares, std::slice::from_ref(&shared));
+    assert_eq!(r.status, Status::Pass, "{r:?}");
+    assert!(r.detail.starts_with("1 GPUs published as shareable"), "{r:?}");
+    let r = evaluate_sharing(&shares, &[dropped.clone()]);
+    assert_eq!(r.status, Status::Warn, "{r:?}");
+    assert!(r.detail.contains("drops consumable capacity") && r.fix.contains("DRAConsumableCapacity"), "{r:?}");
+    let r = evaluate_sharing(&shares, &[replicas.clone()]);
+    assert!(r.status == Status::Warn && r.detail.contains("2 of them replicas"), "the replicas fallback: {r:?}");
+    let r = evaluate_sharing(&SharingSettings { mode: SharingMode::Replicas, ..shares.clone() }, &[replicas]);
+    assert_eq!((r.status, r.detail.as_str()), (Status::Pass, "2 replica devices published"));
+    let r = evaluate_sharing(&SharingSettings { mode: SharingMode::Exclusive, ..shares.clone() }, &[dropped]);
+    assert_eq!(r.status, Status::Pass);
+    assert_eq!(evaluate_sharing(&shares, &[]).status, Status::Skip);
+}
