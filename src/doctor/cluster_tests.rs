@@ -125,10 +125,10 @@ fn published_sharing_is_judged_against_the_configuration() {
     let r = evaluate_sharing(&shares, std::slice::from_ref(&shared));
     assert_eq!(r.status, Status::Pass, "{r:?}");
     assert!(r.detail.starts_with("1 GPUs published as shareable"), "{r:?}");
-    let r = evaluate_sharing(&shares, &[dropped.clone()]);
+    let r = evaluate_sharing(&shares, std::slice::from_ref(&dropped));
     assert_eq!(r.status, Status::Warn, "{r:?}");
     assert!(r.detail.contains("drops consumable capacity") && r.fix.contains("DRAConsumableCapacity"), "{r:?}");
-    let r = evaluate_sharing(&shares, &[replicas.clone()]);
+    let r = evaluate_sharing(&shares, std::slice::from_ref(&replicas));
     assert!(r.status == Status::Warn && r.detail.contains("2 of them replicas"), "the replicas fallback: {r:?}");
     let r = evaluate_sharing(&SharingSettings { mode: SharingMode::Replicas, ..shares.clone() }, &[replicas]);
     assert_eq!((r.status, r.detail.as_str()), (Status::Pass, "2 replica devices published"));
