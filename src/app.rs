@@ -156,6 +156,7 @@ pub async fn run_signalling(
     let cluster = Arc::new(Cluster::new(client.clone()));
     let preparer = open_and_recover(&config, inventory_rx.clone(), cluster.clone(), backend.clone()).await?;
     let store_health = preparer.store().health();
+    let held_shares = preparer.shared_gpus();
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let monitor = HealthMonitor::start(
@@ -195,7 +196,7 @@ pub async fn run_signalling(
         cluster.clone(),
         config.driver_name.clone(),
         config.node_name.clone(),
-        config.sharing.clone(),
+        (config.sharing.clone(), held_shares),
         (inventory_rx.clone(), health_snapshot.clone()),
         status_tx,
         shutdown.clone(),
@@ -449,7 +450,7 @@ async fn publish(
     cluster: Arc<Cluster>,
     driver: String,
     node: String,
-    sharing: crate::sharing::SharingSettings,
+    (sharing, held_shares): (crate::sharing::SharingSettings, watch::Receiver<Arc<std::collections::BTreeSet<String>>>),
     (inventory, health): (watch::Receiver<Arc<Inventory>>, watch::Receiver<Arc<HealthSnapshot>>),
     status: watch::Sender<PublishStatus>,
     mut shutdown: watch::Receiver<bool>,
@@ -496,6 +497,7 @@ async fn publish(
     let none_effect = crate::publish::reconcile::accepts_none_effect(api, version.as_deref());
     Publisher::new(cluster.client().clone(), api, driver, identity, inventory, status)
         .with_sharing(sharing)
+        .with_held_shares(held_shares)
         .with_health(health, none_effect)
         .run(shutdown)
         .await;

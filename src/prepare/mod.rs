@@ -439,6 +439,8 @@ struct Inner {
     mps_stats: Arc<MpsStats>,
     /// Daemons that failed to start again, and when to try next.
     mps_retries: mps::Retries,
+    /// The GPUs with shares prepared (for the publisher, which keeps their sharing).
+    shared_gpus: watch::Sender<Arc<std::collections::BTreeSet<String>>>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, PrepareError> {
@@ -495,8 +497,31 @@ impl Preparer {
             settings,
             locks: ClaimLocks::default(),
             driver_files: DriverFilesCache::new(host),
+            shared_gpus: watch::Sender::new(Arc::default()),
         };
-        Self { inner: Arc::new(inner) }
+        let preparer = Self { inner: Arc::new(inner) };
+        preparer.refresh_shared_gpus();
+        preparer
+    }
+
+    /// The GPUs with shares prepared, updated after every call that may change them.
+    pub fn shared_gpus(&self) -> watch::Receiver<Arc<std::collections::BTreeSet<String>>> {
+        self.inner.shared_gpus.subscribe()
+    }
+
+    /// Re-reads which GPUs have shares prepared (every claim record; an unreadable state
+    /// keeps the last answer, which only delays a change of their published sharing).
+    pub(crate) fn refresh_shared_gpus(&self) {
+        let Ok(claims) = self.inner.store.claims() else { return };
+        let gpus: std::collections::BTreeSet<String> =
+            claims.iter().flat_map(|c| c.shares().map(|(_, s)| s.gpu.clone())).collect();
+        self.inner.shared_gpus.send_if_modified(|held| {
+            let changed = **held != gpus;
+            if changed {
+                *held = Arc::new(gpus);
+            }
+            changed
+        });
     }
 
     /// The settings in use.
@@ -821,7 +846,14 @@ impl DraHandler for Preparer {
             }
             (uid, r.map_err(|e| message(&e)))
         });
-        futures_util::stream::iter(calls).buffer_unordered(CLAIMS_AT_ONCE).collect().await
+        let results: PrepareResults =
+            futures_util::stream::iter(calls).buffer_unordered(CLAIMS_AT_ONCE).collect().await;
+        let shares =
+            |d: &PreparedDevice| d.share_id.is_some() || crate::sharing::replica_name(&d.device_name).is_some();
+        if results.values().flatten().flatten().any(shares) {
+            self.refresh_shared_gpus();
+        }
+        results
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
@@ -833,6 +865,10 @@ impl DraHandler for Preparer {
             }
             (uid, r.map_err(|e| message(&e)))
         });
-        join_all(calls).await.into_iter().collect()
+        let results = join_all(calls).await.into_iter().collect();
+        if !self.inner.shared_gpus.borrow().is_empty() {
+            self.refresh_shared_gpus();
+        }
+        results
     }
 }

@@ -163,6 +163,7 @@ impl Preparer {
             mps_orphans = report.mps_orphans.len(),
             "state recovered"
         );
+        self.refresh_shared_gpus();
         Ok(report)
     }
 }

@@ -79,11 +79,15 @@ async fn shares_of_one_gpu_are_prepared_with_share_ids_until_its_memory_is_taken
     assert!(f.preparer.store().claim(UID3).unwrap().is_none() && f.preparer.store().claim(UID4).unwrap().is_none());
     assert!(!f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{UID3}.json")).exists());
 
+    let held = f.preparer.shared_gpus();
+    assert_eq!(held.borrow().iter().collect::<Vec<_>>(), ["gpu-0"], "the publisher keeps gpu-0's sharing");
+
     // Once one share is gone, the third fits; the whole GPU only after every share is gone.
     assert_eq!(f.preparer.unprepare(vec![cref(UID1, "a")]).await.get(UID1), Some(&Ok(())));
     ok(&f.preparer.prepare(vec![cref(UID3, "c")]).await, UID3);
     f.preparer.unprepare(vec![cref(UID2, "b"), cref(UID3, "c")]).await;
     assert!(f.preparer.store().shares_of("gpu-0").unwrap().is_empty());
+    assert!(held.borrow().is_empty(), "no share left: the publisher may change gpu-0");
     ok(&f.preparer.prepare(vec![cref(UID4, "whole")]).await, UID4);
     // And a share cannot join an exclusive holder.
     f.claims.put(shared_claim(UID1, "a", &[("gpu", "gpu-0", SHARE1, "1Gi")], json!([])));

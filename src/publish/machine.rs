@@ -14,7 +14,7 @@
 //! planned with the inventory, and a server that drops them (the answer to a write
 //! carrying taints has none) is written without them from then on, logged once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ use super::taints::{DeviceTaints, device_taints, has_taints};
 use crate::health::HealthSnapshot;
 use crate::inventory::Inventory;
 use crate::kube::{self, backoff::Backoff, watcher};
-use crate::sharing::{Fallback, SharingMode, SharingSettings};
+use crate::sharing::{Fallback, SharePolicy, SharingMode, SharingSettings};
 use crate::util::error_chain;
 
 /// How long changes are collected before reconciling, so a burst (a kubelet wiping the
@@ -71,6 +71,8 @@ pub enum Input {
     Inventory(Arc<Inventory>),
     /// The GPUs' health changed (taints may change).
     Health(Arc<HealthSnapshot>),
+    /// The GPUs with shares prepared changed (their published sharing stays as it is).
+    Shares(Arc<BTreeSet<String>>),
     /// The time of [`Machine::timer`] has come.
     Timer,
     /// The Node's uid as re-read for [`Action::RefreshOwner`].
@@ -128,6 +130,10 @@ pub struct Machine {
     report: Option<PublishStatus>,
     sharing: SharingSettings,
     capacity_supported: bool,
+    /// GPUs (device names) with shares prepared: their sharing is published as it is.
+    held_shares: Arc<BTreeSet<String>>,
+    /// GPUs whose published sharing is being kept, to log the change once.
+    frozen: BTreeSet<String>,
     health: Arc<HealthSnapshot>,
     /// The server accepts the `None` taint effect (resource.k8s.io/v1, Kubernetes 1.35+).
     none_effect: bool,
@@ -150,6 +156,8 @@ impl Machine {
             report: None,
             sharing: SharingSettings { mode: SharingMode::Exclusive, ..SharingSettings::default() },
             capacity_supported: true,
+            held_shares: Arc::default(),
+            frozen: BTreeSet::new(),
             health: Arc::default(),
             none_effect: false,
             taints_kept: true,
@@ -167,9 +175,50 @@ impl Machine {
         self.capacity_supported
     }
 
-    /// The devices as published: the inventory with `[sharing]` applied.
+    /// Keeps the published sharing of `held` GPUs (those with shares prepared).
+    pub fn with_held_shares(mut self, held: Arc<BTreeSet<String>>) -> Self {
+        self.held_shares = held;
+        self
+    }
+
+    /// The devices as published: the inventory with `[sharing]` applied, except that a GPU
+    /// with shares prepared keeps the sharing it is published with (the scheduler's view of
+    /// the shares must not change under them); the new one follows when the last share is
+    /// gone.
     fn published(&self) -> Inventory {
-        self.sharing.published(&self.inventory, self.capacity_supported)
+        let mut out = self.sharing.published(&self.inventory, self.capacity_supported);
+        for d in out.devices.iter_mut().filter(|d| self.held_shares.contains(&d.name)) {
+            let Some(seen) =
+                self.observed.values().flat_map(|s| s.spec.devices.iter().flatten()).find(|o| o.name == d.name)
+            else {
+                continue;
+            };
+            let published = published_policy(seen);
+            if published != d.shared {
+                d.shared = published;
+            }
+        }
+        out
+    }
+
+    /// Logs the GPUs whose new sharing waits for their shares, and those it is published
+    /// for now that they are gone.
+    fn log_frozen(&mut self, published: &Inventory) {
+        let wanted = self.sharing.published(&self.inventory, self.capacity_supported);
+        let frozen: BTreeSet<String> = published
+            .devices
+            .iter()
+            .filter(|d| wanted.device(&d.name).is_some_and(|w| w.shared != d.shared))
+            .map(|d| d.name.clone())
+            .collect();
+        for gpu in frozen.difference(&self.frozen) {
+            info!(device = %gpu, "keeping the sharing {gpu} is published with while shares of it are prepared; \
+                the new [sharing] is published for it when the last share is gone");
+        }
+        for gpu in self.frozen.difference(&frozen) {
+            info!(device = %gpu, "publishing {gpu} with the new [sharing] now that no share of it is prepared");
+        }
+        self.frozen = frozen;
     }
 
     /// Publishes taints for `health`; informational ones (effect `None`) only with
@@ -238,6 +287,11 @@ impl Machine {
                 self.changed(now);
                 Action::Wait
             }
+            Input::Shares(held) => {
+                self.held_shares = held;
+                self.changed(now);
+                Action::Wait
+            }
             Input::Timer => self.on_timer(now),
             Input::OwnerRefreshed(uid) => self.on_owner(uid, now),
             Input::Applied(applied) => self.on_applied(applied, now),
@@ -283,6 +337,7 @@ impl Machine {
         }
         let current: Vec<ResourceSlice> = self.observed.values().cloned().collect();
         let published = self.published();
+        self.log_frozen(&published);
         let taints = self.taints(&published);
         let p = plan_tainted(&current, &published, &taints, &self.node, &self.driver, self.min_generation);
         if p.is_empty() {
@@ -392,6 +447,20 @@ impl Machine {
         let devices = self.inventory.devices.len();
         self.report = Some(PublishStatus { in_sync, devices, writes: self.writes, last_error });
     }
+}
+
+/// The sharing policy a published device carries: its memory request policy when it is
+/// multi-allocatable (a policy edra cannot read counts as none).
+fn published_policy(d: &k8s_openapi::api::resource::v1::Device) -> Option<SharePolicy> {
+    if d.allow_multiple_allocations != Some(true) {
+        return None;
+    }
+    let policy = d.capacity.as_ref()?.get("memory")?.request_policy.as_ref()?;
+    let bytes =
+        |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| crate::config::source::parse_bytes(&q.0).ok();
+    let default = bytes(policy.default.as_ref()?)?;
+    let step = bytes(policy.valid_range.as_ref()?.step.as_ref()?)?;
+    Some(SharePolicy { default, step })
 }
 
 /// Whether the server dropped consumable capacity from a slice edra wrote: a device

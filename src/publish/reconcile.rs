@@ -52,6 +52,7 @@ pub struct Publisher {
     status: watch::Sender<PublishStatus>,
     machine: Machine,
     health: Option<watch::Receiver<Arc<HealthSnapshot>>>,
+    held_shares: Option<watch::Receiver<Arc<std::collections::BTreeSet<String>>>>,
 }
 
 impl Publisher {
@@ -65,7 +66,7 @@ impl Publisher {
         status: watch::Sender<PublishStatus>,
     ) -> Self {
         let machine = Machine::new(driver, node, inventory.borrow_and_update().clone());
-        Self { client, api, inventory, status, machine, health: None }
+        Self { client, api, inventory, status, machine, health: None, held_shares: None }
     }
 
     /// Publishes the taints of GPU health from `health` as it changes; informational
@@ -79,6 +80,14 @@ impl Publisher {
     /// Publishes full GPUs as `[sharing]` says (without it, every GPU is exclusive).
     pub fn with_sharing(mut self, sharing: crate::sharing::SharingSettings) -> Self {
         self.machine = self.machine.with_sharing(sharing);
+        self
+    }
+
+    /// Keeps the published sharing of the GPUs `held` names (those with shares prepared),
+    /// and publishes the new one when they are gone.
+    pub fn with_held_shares(mut self, mut held: watch::Receiver<Arc<std::collections::BTreeSet<String>>>) -> Self {
+        self.machine = self.machine.with_held_shares(held.borrow_and_update().clone());
+        self.held_shares = Some(held);
         self
     }
 
@@ -102,10 +111,17 @@ impl Publisher {
                     Ok(()) => Input::Inventory(self.inventory.borrow_and_update().clone()),
                     Err(_) => break,
                 },
-                health = health_changed(&mut self.health) => match health {
+                health = changed(&mut self.health) => match health {
                     Some(h) => Input::Health(h),
                     None => {
                         self.health = None;
+                        continue;
+                    }
+                },
+                held = changed(&mut self.held_shares) => match held {
+                    Some(h) => Input::Shares(h),
+                    None => {
+                        self.held_shares = None;
                         continue;
                     }
                 },
@@ -198,9 +214,9 @@ pub fn accepts_none_effect(api: ResourceApi, git_version: Option<&str>) -> bool 
     minor.is_none_or(|(major, minor)| major > 1 || minor >= 35)
 }
 
-/// The next health snapshot; `None` when its sender is gone; pending forever without one.
-async fn health_changed(health: &mut Option<watch::Receiver<Arc<HealthSnapshot>>>) -> Option<Arc<HealthSnapshot>> {
-    match health {
+/// The next value of `rx`; `None` when its sender is gone; pending forever without one.
+async fn changed<T>(rx: &mut Option<watch::Receiver<Arc<T>>>) -> Option<Arc<T>> {
+    match rx {
         Some(rx) => match rx.changed().await {
             Ok(()) => Some(rx.borrow_and_update().clone()),
             Err(_) => None,

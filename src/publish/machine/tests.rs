@@ -271,3 +271,37 @@ async fn taints_the_server_drops_are_not_written_again() {
     m.step(Input::Health(sick("GPU-00000001")), Instant::now());
     assert_eq!(fire(&mut m).await, Action::Wait, "later health changes write nothing either");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_gpu_with_shares_keeps_its_published_sharing_until_the_last_share_is_gone() {
+    let step = |s: &ResourceSlice, gpu: &str| -> Option<String> {
+        let d = s.spec.devices.iter().flatten().find(|d| d.name == gpu)?;
+        let range = d.capacity.as_ref()?.get("memory")?.request_policy.as_ref()?.valid_range.as_ref()?;
+        range.step.as_ref().map(|q| q.0.clone())
+    };
+    let mut counter = 0;
+    let mut m = machine(None, 2).with_sharing(SharingSettings::default());
+    publish_first(&mut m, &mut counter).await;
+    let before = seen_by(&m);
+    assert_eq!(
+        (step(&before[0], "gpu-0").as_deref(), step(&before[0], "gpu-1").as_deref()),
+        (Some("1Gi"), Some("1Gi"))
+    );
+
+    // Restarted with a new step while gpu-0 holds shares: only gpu-1 changes.
+    let wider = SharingSettings { memory_step: 2 << 30, ..SharingSettings::default() };
+    let held = Arc::new(BTreeSet::from(["gpu-0".to_string()]));
+    let mut m = machine(None, 2).with_sharing(wider).with_held_shares(held);
+    m.step(Input::Watch(watcher::Event::Restarted(before)), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("gpu-1 gets the new step") };
+    let written = &p.updates[0];
+    assert_eq!((step(written, "gpu-0").as_deref(), step(written, "gpu-1").as_deref()), (Some("1Gi"), Some("2Gi")));
+    let applied = server_applies(&m, &p, &mut counter);
+    m.step(Input::Applied(applied), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::Wait, "nothing more while the share is held");
+
+    // The last share is gone: gpu-0 follows.
+    m.step(Input::Shares(Arc::default()), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("gpu-0 gets the new step") };
+    assert_eq!(step(&p.updates[0], "gpu-0").as_deref(), Some("2Gi"));
+}
