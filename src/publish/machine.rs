@@ -303,9 +303,12 @@ impl Machine {
             watcher::Event::Restarted(items) => {
                 self.observed = items.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect();
                 if self.state == State::Unsynced {
-                    self.state = State::Idle;
+                    // The first list is the whole picture and the inventory is known:
+                    // nothing to collect, so the first publish goes out at once.
+                    self.state = State::Due { at: now };
+                } else {
+                    self.changed(now);
                 }
-                self.changed(now);
             }
             watcher::Event::Applied(s) => {
                 if let Some(name) = s.metadata.name.clone() {

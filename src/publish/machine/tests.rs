@@ -64,14 +64,18 @@ async fn nothing_is_planned_before_the_first_list() {
 
     let t0 = Instant::now();
     m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), t0);
-    assert_eq!(m.timer(), Some(t0 + DEBOUNCE));
+    assert_eq!(m.timer(), Some(t0), "the first list is planned at once: nothing to debounce");
+    let Action::Apply(p) = m.step(Input::Timer, t0) else { panic!("the first plan writes") };
+    assert_eq!(devices_in(&p), 3);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_changes_is_answered_with_one_plan_after_the_debounce() {
     let mut m = machine(None, 2);
+    publish_first(&mut m, &mut 0).await;
+    m.take_report();
     let t0 = Instant::now();
-    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), t0);
+    m.step(Input::Inventory(Arc::new(inventory(2, "H100"))), t0);
     advance(Duration::from_millis(60)).await;
     m.step(Input::Inventory(Arc::new(inventory(3, "A100"))), Instant::now());
     advance(Duration::from_millis(30)).await;
