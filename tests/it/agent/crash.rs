@@ -23,6 +23,7 @@ fn assert_state_empty(fs: &NodeFs) {
     assert_eq!(store.claims().expect("read claims"), Vec::new(), "claim records left");
     for i in 0..GPUS {
         assert_eq!(store.holder(&format!("gpu-{i}")).expect("read holder"), None, "gpu-{i} still held");
+        assert_eq!(store.shares_of(&format!("gpu-{i}")).expect("read shares"), Vec::new(), "shares of gpu-{i} left");
     }
 }
 
@@ -75,6 +76,9 @@ enum Sharing {
     TimeSliced,
     /// Passes the MPS failpoints (and the compute mode ones).
     Mps,
+    /// A 50Gi share of the 80Gi gpu-0: two cannot be held at once, so a share left behind
+    /// by the crash would refuse the next claim.
+    Share,
 }
 
 #[cfg(debug_assertions)]
@@ -82,6 +86,15 @@ enum Sharing {
 fn gpu0_claim(cluster: &Cluster, name: &str, sharing: Sharing) -> ClaimRef {
     let strategy = match sharing {
         Sharing::Exclusive => return cluster.allocated_claim(name, "gpu-0"),
+        Sharing::Share => {
+            let share_id = if name == "victim" {
+                "6de5d941-c79d-4a8a-ba10-668351620525"
+            } else {
+                "1b4e28ba-2fa1-41d2-883f-0016d3cca427"
+            };
+            let device = AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-0").share(share_id, "50Gi");
+            return cluster.put_claim(ClaimBuilder::new("default", name).allocated(device));
+        }
         Sharing::TimeSliced => serde_json::json!({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Medium"}}),
         Sharing::Mps => serde_json::json!({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 20}}),
     };
@@ -418,4 +431,29 @@ async fn a_restart_after_sigkill_replaces_stale_sockets() {
     assert!(dir_names(&registry).is_empty(), "{:?}", dir_names(&registry));
     // The instance lock file stays (removing it would let two starting agents race).
     assert_eq!(dir_names(&plugin_dir), ["edra.lock"]);
+}
+
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn crash_after_a_share_is_recorded_releases_it_at_recovery() {
+    crash_in_prepare("prepare-after-started", (Some(Phase::PrepareStarted), false), Sharing::Share).await;
+}
+
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn crash_after_a_shares_spec_is_written_releases_it_at_recovery() {
+    crash_in_prepare("prepare-after-cdi-write", (Some(Phase::PrepareStarted), true), Sharing::Share).await;
+}
+
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn crash_after_a_share_is_completed_keeps_it() {
+    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true), Sharing::Share).await;
+}
+
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn crash_in_a_shares_unprepare_converges() {
+    crash_in_unprepare("unprepare-after-cdi-remove", (Some(Phase::PrepareCompleted), false), Sharing::Share).await;
+    crash_in_unprepare("unprepare-after-record-remove", (None, false), Sharing::Share).await;
 }
