@@ -71,6 +71,9 @@ pub struct SharingSettings {
     pub replicas: u32,
     /// What shares become on a server without consumable capacity.
     pub fallback: Fallback,
+    /// The time-slice a shared GPU runs with while shares of it are prepared (compute mode
+    /// DEFAULT); `None` leaves the GPU's settings alone.
+    pub timeslice: Option<crate::device_config::Interval>,
 }
 
 impl Default for SharingSettings {
@@ -81,6 +84,7 @@ impl Default for SharingSettings {
             memory_step: 1 << 30,
             replicas: 4,
             fallback: Fallback::Exclusive,
+            timeslice: None,
         }
     }
 }

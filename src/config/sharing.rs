@@ -3,6 +3,7 @@
 
 use super::bounds;
 use super::source::{Raw, Reader, bytes, string, string_list};
+use crate::device_config::Interval;
 use crate::sharing::{Fallback, GpuSelection, SharingMode, SharingSettings};
 
 pub(super) fn read_sharing(r: &mut Reader) -> SharingSettings {
@@ -30,6 +31,13 @@ pub(super) fn read_sharing(r: &mut Reader) -> SharingSettings {
             "exclusive" => Ok(Fallback::Exclusive),
             "replicas" => Ok(Fallback::Replicas),
             other => Err(format!("expected exclusive or replicas, found {other:?}")),
+        }),
+        timeslice: r.opt("sharing.timeslice", |raw: &Raw| match string(raw)?.as_str() {
+            "Default" => Ok(Interval::Default),
+            "Short" => Ok(Interval::Short),
+            "Medium" => Ok(Interval::Medium),
+            "Long" => Ok(Interval::Long),
+            other => Err(format!("expected Default, Short, Medium or Long, found {other:?}")),
         }),
     }
 }

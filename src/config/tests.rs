@@ -338,6 +338,7 @@ fn sharing_defaults_to_shares_of_every_gpu_and_bad_values_name_the_key() {
         ("sharing.replicas", "1", "from 2 to 64"),
         ("sharing.replicas", "4294967298", "from 2 to 64"),
         ("sharing.fallback", "none", "expected exclusive or replicas"),
+        ("sharing.timeslice", "Fast", "expected Default, Short, Medium or Long"),
     ];
     for (key, value, want) in cases {
         let p = problem_of(key, value).unwrap_or_else(|| panic!("{key}={value} accepted"));

@@ -658,10 +658,11 @@ impl Preparer {
             created_at: now_secs(),
             boot_id: self.inner.boot_id.clone(),
         };
+        let gpu_locks = self.lock_shared_gpus(&record.devices).await;
         let this = self.clone();
         let held = guard.clone();
         let done = blocking(move || {
-            let _held = held;
+            let _held = (held, gpu_locks);
             this.apply(record, &gpus, mps_plan.as_ref())
         })
         .await??;
@@ -682,6 +683,7 @@ impl Preparer {
         failpoint::hit("prepare-after-started");
         let finish = (|| {
             self.time_slice(&record.uid, gpus)?;
+            self.time_slice_shared(&record)?;
             if let Some(p) = mps_plan {
                 self.start_mps(&record.uid, p)?;
             }
@@ -791,10 +793,19 @@ impl Preparer {
 
     async fn unprepare_one(&self, claim: ClaimRef) -> Result<(), PrepareError> {
         let guard = self.inner.locks.lock(&claim.uid).await;
+        // The shared GPUs this release may put back: the claim's, or for a claim already
+        // gone every GPU still time-sliced for shares (a put-back that failed).
+        let gpu_locks = match self.inner.store.claim(&claim.uid)? {
+            Some(rec) => self.lock_shared_gpus(&rec.devices).await,
+            None => {
+                let holders = self.inner.store.gpu_changes()?.into_iter().map(|c| c.claim);
+                self.lock_holders(holders.filter(|h| h.starts_with(SHARED_HOLDER)).collect()).await
+            }
+        };
         let this = self.clone();
         // Held by the blocking task: it outlives this future if the call is cancelled.
         blocking(move || {
-            let _held = guard;
+            let _held = (guard, gpu_locks);
             this.release(&claim.uid)
         })
         .await?
@@ -806,7 +817,8 @@ impl Preparer {
         let store = &self.inner.store;
         let Some(rec) = store.claim(uid)? else {
             tracing::debug!(claim.uid = uid, "unprepare of an unknown claim; nothing to do");
-            return Ok(());
+            // A shared GPU whose last share went while putting it back failed.
+            return self.put_back_idle_shared_gpus().map(|_| ());
         };
         cdi::remove_spec(&rec.cdi_spec_path).map_err(|source| PrepareError::Cdi {
             op: "remove",
@@ -818,9 +830,98 @@ impl Preparer {
         self.restore_gpus(uid)?;
         store.remove_claim(uid)?;
         failpoint::hit("unprepare-after-record-remove");
+        if rec.shares().next().is_some() {
+            self.put_back_idle_shared_gpus()?;
+        }
         tracing::info!(claim.uid = uid, phase = ?rec.phase, "claim unprepared");
         Ok(())
     }
+
+    /// Sets `sharing.timeslice` on the GPUs of `record`'s shares that do not carry it yet
+    /// (the first share of a GPU), each change recorded durably before it is made, held by
+    /// the GPU's shares ([`shared_holder`]) rather than by the claim. Shares whose claim
+    /// chose its own strategy (a whole-memory share) are left to it. The caller holds the
+    /// GPUs' locks ([`Preparer::lock_shared_gpus`]).
+    fn time_slice_shared(&self, record: &ClaimRecord) -> Result<(), PrepareError> {
+        let Some(interval) = self.inner.settings.sharing.timeslice else { return Ok(()) };
+        let inventory = self.inner.inventory.borrow().clone();
+        let changes = self.inner.store.gpu_changes()?;
+        let mut gpus: Vec<plan::TimeSlicedGpu> = Vec::new();
+        for (d, share) in record.shares() {
+            if d.config.sharing.strategy != crate::device_config::Strategy::Exclusive {
+                continue;
+            }
+            let Some(dev) = inventory.device(&share.gpu) else { continue };
+            let holder = shared_holder(&share.gpu);
+            if changes.iter().any(|c| c.uuid == dev.uuid && c.claim == holder)
+                || gpus.iter().any(|g| g.uuid == dev.uuid)
+            {
+                continue;
+            }
+            gpus.push(plan::TimeSlicedGpu { device: share.gpu.clone(), uuid: dev.uuid.clone(), interval });
+        }
+        if !gpus.is_empty() {
+            self.inner.settings.nvidia_smi.check().map_err(|source| PrepareError::Gpu {
+                action: "set the time-slice",
+                uuid: gpus[0].uuid.clone(),
+                source,
+            })?;
+        }
+        for g in gpus {
+            self.time_slice(&shared_holder(&g.device), std::slice::from_ref(&g))?;
+        }
+        Ok(())
+    }
+
+    /// Puts back every GPU time-sliced for its shares that has no share left, then drops
+    /// its change record (blocking I/O); returns how many. Run after a claim with shares is
+    /// released and at recovery, so a crash between the two steps is finished later.
+    pub(crate) fn put_back_idle_shared_gpus(&self) -> Result<usize, PrepareError> {
+        let store = &self.inner.store;
+        let mut n = 0;
+        for c in store.gpu_changes()? {
+            let Some(gpu) = c.claim.strip_prefix(SHARED_HOLDER) else { continue };
+            if !store.shares_of(gpu)?.is_empty() {
+                continue;
+            }
+            self.restore_gpus(&c.claim)?;
+            store.remove_gpu_change(&c.uuid, &c.claim)?;
+            tracing::info!(gpu = %c.uuid, device = gpu, "no share of the GPU is left; its settings are put back");
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The locks of the GPUs whose shares `devices` hold, in name order (taken after the
+    /// claim's own lock, so two claims never wait on each other in opposite order), when
+    /// edra changes shared GPUs' settings; none otherwise.
+    async fn lock_shared_gpus(&self, devices: &[crate::state::DeviceRecord]) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        if self.inner.settings.sharing.timeslice.is_none() {
+            return Vec::new();
+        }
+        let gpus = devices.iter().filter_map(|d| d.share.as_ref()).map(|s| shared_holder(&s.gpu)).collect();
+        self.lock_holders(gpus).await
+    }
+
+    /// The locks of `holders` (shared-GPU holders), in name order.
+    async fn lock_holders(&self, mut gpus: Vec<String>) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        gpus.sort();
+        gpus.dedup();
+        let mut guards = Vec::with_capacity(gpus.len());
+        for g in gpus {
+            guards.push(self.inner.locks.lock(&g).await);
+        }
+        guards
+    }
+}
+
+/// The prefix of the holder of a GPU change made for a GPU's shares.
+pub(crate) const SHARED_HOLDER: &str = "shared:";
+
+/// The holder of the GPU change made for the shares of GPU `gpu` (device name): not a
+/// claim UID, so no claim's release restores it; the last share's does.
+pub(crate) fn shared_holder(gpu: &str) -> String {
+    format!("{SHARED_HOLDER}{gpu}")
 }
 
 /// Wraps a GPU failure with what was being done to which GPU.

@@ -163,6 +163,7 @@ impl Preparer {
             mps_orphans = report.mps_orphans.len(),
             "state recovered"
         );
+        self.recover_shared_gpus();
         self.refresh_shared_gpus();
         Ok(report)
     }
@@ -186,4 +187,29 @@ fn check_cdi_dir(dir: &std::path::Path) -> Result<(), PrepareError> {
         .open(&probe)
         .map_err(|e| failed(format!("is not writable ({e})")))?;
     std::fs::remove_file(&probe).map_err(|e| failed(format!("does not let edra remove files ({e})")))
+}
+
+impl Preparer {
+    /// GPUs time-sliced for their shares: put back those without shares (a crash between
+    /// the last share's release and the put-back), set again those with shares (settings do
+    /// not survive a reboot or a driver reload). Failures are logged; the next release or
+    /// start tries again.
+    fn recover_shared_gpus(&self) {
+        match self.put_back_idle_shared_gpus() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(gpus = n, "put back GPUs whose shares were all released before a restart"),
+            Err(e) => tracing::warn!(error = %crate::util::error_chain(&e), "cannot put back a GPU without shares"),
+        }
+        let holders: Vec<String> = match self.store().gpu_changes() {
+            Ok(changes) => {
+                changes.into_iter().map(|c| c.claim).filter(|h| h.starts_with(super::SHARED_HOLDER)).collect()
+            }
+            Err(_) => return,
+        };
+        for h in holders {
+            if let Err(e) = self.reapply_gpus(&h) {
+                tracing::warn!(holder = %h, error = %crate::util::error_chain(&e), "cannot set a shared GPU's time-slice again");
+            }
+        }
+    }
 }

@@ -152,8 +152,14 @@ impl Fixture {
 
     /// The same directories with a fresh Preparer (as after a restart).
     pub fn restart(self) -> Fixture {
+        self.restart_with(|_| {})
+    }
+
+    /// [`Fixture::restart`] with settings changed by `change`.
+    pub fn restart_with(self, change: impl FnOnce(&mut PrepareSettings)) -> Fixture {
         let Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi, mps } = self;
-        let settings = preparer.settings().clone();
+        let mut settings = preparer.settings().clone();
+        change(&mut settings);
         drop(preparer);
         let store = open_when_unlocked(&root.join("state"));
         let preparer = Preparer::new(store, inventory_tx.subscribe(), claims.clone(), settings, modes.clone());

@@ -176,3 +176,68 @@ async fn bad_shares_fail_their_claim_only() {
     assert_eq!(f.smi.calls().len(), 1, "time-slice set once, for the whole-GPU share: {:?}", f.smi.calls());
     assert!(f.preparer.store().shares_of("gpu-0").unwrap().is_empty());
 }
+
+/// The fixture with `sharing.timeslice = Medium`; gpu-0's compute mode starts as
+/// EXCLUSIVE_PROCESS so its put-back shows.
+fn time_sliced_fixture() -> Fixture {
+    let f = fixture().restart_with(|s| s.sharing.timeslice = Some(crate::device_config::Interval::Medium));
+    f.modes.set_compute_mode(GPU0, ComputeMode::ExclusiveProcess).unwrap();
+    f
+}
+
+const GPU0: &str = "GPU-00000000-aaaa-bbbb-cccc-000000000000";
+use crate::gpu::ComputeMode;
+
+#[tokio::test]
+async fn a_shared_gpu_is_time_sliced_by_its_first_share_and_put_back_after_its_last() {
+    let f = time_sliced_fixture();
+    f.claims.put(shared_claim(UID1, "a", &[("gpu", "gpu-0", SHARE1, "30Gi")], json!([])));
+    f.claims.put(shared_claim(UID2, "b", &[("gpu", "gpu-0", SHARE2, "30Gi")], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "a")]).await, UID1);
+    ok(&f.preparer.prepare(vec![cref(UID2, "b")]).await, UID2);
+    assert_eq!(f.smi.calls(), [format!("compute-policy -i {GPU0} --set-timeslice=2")], "set once, by the first share");
+    assert_eq!(f.modes.mode(GPU0), ComputeMode::Default);
+    let changes = f.preparer.store().gpu_changes().unwrap();
+    assert_eq!(changes.iter().map(|c| c.claim.as_str()).collect::<Vec<_>>(), ["shared:gpu-0"]);
+
+    f.preparer.unprepare(vec![cref(UID1, "a")]).await;
+    assert_eq!(f.smi.calls().len(), 1, "a share is left: the GPU stays time-sliced");
+    assert_eq!(f.preparer.unprepare(vec![cref(UID2, "b")]).await.get(UID2), Some(&Ok(())));
+    assert_eq!(
+        f.smi.calls().last().map(String::as_str),
+        Some(format!("compute-policy -i {GPU0} --set-timeslice=0").as_str())
+    );
+    assert_eq!(f.modes.mode(GPU0), ComputeMode::ExclusiveProcess, "the mode before the first share is back");
+    assert!(f.preparer.store().gpu_changes().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn recovery_puts_back_a_shared_gpu_whose_last_share_went_before_a_crash_and_keeps_a_held_one() {
+    let f = time_sliced_fixture();
+    f.claims.put(shared_claim(UID1, "a", &[("gpu", "gpu-0", SHARE1, "30Gi")], json!([])));
+    f.claims.put(shared_claim(UID2, "b", &[("gpu", "gpu-1", SHARE2, "30Gi")], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "a"), cref(UID2, "b")]).await, UID1);
+    // A crash between the release of gpu-0's last share and its put-back.
+    f.preparer.store().remove_claim(UID1).unwrap();
+    let f = f.restart();
+    f.preparer.recover().unwrap();
+    assert_eq!(f.modes.mode(GPU0), ComputeMode::ExclusiveProcess, "gpu-0 put back");
+    let holders: Vec<_> = f.preparer.store().gpu_changes().unwrap().into_iter().map(|c| c.claim).collect();
+    assert_eq!(holders, ["shared:gpu-1"], "gpu-1 still has its share");
+    let sets = f.smi.calls().iter().filter(|c| c.contains("GPU-00000001") && c.ends_with("=2")).count();
+    assert_eq!(sets, 2, "gpu-1's time-slice set again at recovery: {:?}", f.smi.calls());
+}
+
+#[tokio::test]
+async fn a_failing_time_slice_fails_the_first_share_and_leaves_the_gpu_as_it_was() {
+    let f = time_sliced_fixture();
+    f.smi.fail("--set-timeslice=2", "Insufficient Permissions");
+    f.claims.put(shared_claim(UID1, "a", &[("gpu", "gpu-0", SHARE1, "30Gi")], json!([])));
+    let e = err(&f.preparer.prepare(vec![cref(UID1, "a")]).await, UID1);
+    assert!(e.contains("set the time-slice") && e.contains("Insufficient Permissions"), "{e}");
+    assert_eq!(f.modes.mode(GPU0), ComputeMode::ExclusiveProcess);
+    assert!(f.preparer.store().gpu_changes().unwrap().is_empty());
+    assert!(f.preparer.store().shares_of("gpu-0").unwrap().is_empty());
+    f.smi.heal();
+    ok(&f.preparer.prepare(vec![cref(UID1, "a")]).await, UID1);
+}

@@ -743,6 +743,27 @@ impl Store {
         })
     }
 
+    /// Drops the GPU change record of `uuid` if `holder` holds it, durably (after the GPU
+    /// was put back). Returns whether a record was dropped.
+    pub fn remove_gpu_change(&self, uuid: &str, holder: &str) -> Result<bool, StateError> {
+        self.with_db(|db| {
+            let result = db.gpu_changes.transaction(|gpus| {
+                let held = gpus
+                    .get(uuid.as_bytes())?
+                    .is_some_and(|v| record::decode_gpu_change(&v).is_ok_and(|c| c.claim == holder));
+                if held {
+                    gpus.remove(uuid.as_bytes())?;
+                }
+                Ok(held)
+            });
+            let removed = tx_result(result, "drop a GPU change")?;
+            if removed {
+                self.durable(db)?;
+            }
+            Ok(removed)
+        })
+    }
+
     /// The schema version stored in the database (written when it was created).
     pub fn schema_version(&self) -> Result<u32, StateError> {
         self.with_db(|db| {
