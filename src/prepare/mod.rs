@@ -3,8 +3,11 @@
 //! Prepare, per claim and idempotent: a claim already completed answers from the state store
 //! without the API server (re-writing its CDI spec if a reboot removed it); otherwise GET the
 //! claim, check UID and allocation, take this driver's results on this node's pool, resolve
-//! opaque configs, record PrepareStarted (durable, taking the devices exclusively), write the
-//! CDI spec atomically, record PrepareCompleted (durable) and answer with the CDI IDs.
+//! opaque configs; a claim that changes nothing on a GPU then writes its CDI spec atomically
+//! and records PrepareCompleted (one durable step, taking the devices); a claim that changes
+//! GPU settings or runs an MPS daemon records PrepareStarted first (durable, taking the
+//! devices), makes the changes, writes the spec and records PrepareCompleted. Then answer
+//! with the CDI IDs.
 //! Unprepare works from the store alone. Claims in one call run concurrently, each claim
 //! UID serialised by its own lock, which blocking work keeps until it ends even when the
 //! kubelet cancels the call. Recovery at start is in [`recover`].
@@ -670,14 +673,21 @@ impl Preparer {
         Ok(answer(&done))
     }
 
-    /// Steps 4–6 of prepare (blocking I/O): PrepareStarted, GPU settings and MPS daemon,
-    /// spec, PrepareCompleted. On a failure after PrepareStarted, what was done is undone.
+    /// Steps 4–7 of prepare (blocking I/O). A claim that changes nothing on a GPU needs one
+    /// durable step: its spec is written first (recovery removes a spec without a record),
+    /// then PrepareCompleted is recorded, taking its devices. A claim that changes GPU
+    /// settings or runs an MPS daemon records PrepareStarted first, so recovery can undo
+    /// them, then the changes, the spec and PrepareCompleted. On a failure, what was done
+    /// is undone.
     fn apply(
         &self,
         mut record: ClaimRecord,
         gpus: &[plan::TimeSlicedGpu],
         mps_plan: Option<&plan::MpsPlan>,
     ) -> Result<ClaimRecord, PrepareError> {
+        if gpus.is_empty() && mps_plan.is_none() && !self.changes_shared_gpus(&record) {
+            return self.apply_in_one_step(record);
+        }
         let store = &self.inner.store;
         store.put_claim(&record)?;
         failpoint::hit("prepare-after-started");
@@ -706,6 +716,31 @@ impl Preparer {
             return Err(e);
         }
         Ok(record)
+    }
+
+    /// The one durable step of a claim without GPU changes: spec, then PrepareCompleted.
+    fn apply_in_one_step(&self, mut record: ClaimRecord) -> Result<ClaimRecord, PrepareError> {
+        self.write_spec_of(&record)?;
+        failpoint::hit("prepare-after-cdi-write");
+        record.phase = Phase::PrepareCompleted;
+        failpoint::hit("prepare-before-completed");
+        if let Err(e) = self.inner.store.put_claim(&record) {
+            // Not recorded (a device held by another claim, or the disk failed): the spec
+            // goes; a spec left behind is removed by recovery as an orphan.
+            if let Err(undo) = cdi::remove_spec(&record.cdi_spec_path) {
+                tracing::warn!(claim.uid = %record.uid, error = %undo, "cannot remove the spec of a failed prepare; recovery will");
+            }
+            return Err(e.into());
+        }
+        failpoint::hit("prepare-after-completed");
+        Ok(record)
+    }
+
+    /// Whether preparing `record` changes the settings of a shared GPU (`sharing.timeslice`
+    /// with an Exclusive share).
+    fn changes_shared_gpus(&self, record: &ClaimRecord) -> bool {
+        self.inner.settings.sharing.timeslice.is_some()
+            && record.shares().any(|(d, _)| d.config.sharing.strategy == crate::device_config::Strategy::Exclusive)
     }
 
     /// Sets compute mode DEFAULT and the interval on each GPU, each change recorded
