@@ -40,6 +40,11 @@ async fn main() {
         shares().await;
         return;
     }
+    if std::env::args().any(|a| a == "single") {
+        drop(single(8, Layout::Production).await);
+        burst().await;
+        return;
+    }
     let sample = single(8, Layout::Production).await;
     let same_disk = single(8, Layout::SameDisk).await;
     drop(same_disk);
