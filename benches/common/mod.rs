@@ -207,20 +207,20 @@ gpus = {gpus}
         if let Some(p) = parameters {
             b = b.opaque_config("FromClaim", &[], DRIVER, p);
         }
-        let stored = self.server.put_claim(b.build());
-        self.server.mark_claim_on_node(NAMESPACE, name, NODE);
-        let uid = stored["metadata"]["uid"].as_str().expect("stored claim has a uid").to_string();
-        v1::Claim { namespace: NAMESPACE.into(), uid, name: name.into() }
+        self.store_claim(name, b)
     }
-}
 
-impl Site {
     /// A claim allocated one share of `device` (share ID from the name, `memory` consumed),
     /// as the scheduler allocates a multi-allocatable device.
     pub fn claim_share(&self, name: &str, device: &str, memory: &str) -> v1::Claim {
         let b = ClaimBuilder::new(NAMESPACE, name).on_node(NODE).reserved_for_pod(name, &pod_uid(name)).allocated(
             AllocatedDevice::new("gpu0", DRIVER, NODE, device).share(&pod_uid(&format!("share-{name}")), memory),
         );
+        self.store_claim(name, b)
+    }
+
+    /// Stores the claim `b` builds as one of this node's and returns the kubelet's reference.
+    fn store_claim(&self, name: &str, b: ClaimBuilder) -> v1::Claim {
         let stored = self.server.put_claim(b.build());
         self.server.mark_claim_on_node(NAMESPACE, name, NODE);
         let uid = stored["metadata"]["uid"].as_str().expect("stored claim has a uid").to_string();

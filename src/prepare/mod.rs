@@ -512,12 +512,10 @@ impl Preparer {
         self.inner.shared_gpus.subscribe()
     }
 
-    /// Re-reads which GPUs have shares prepared (every claim record; an unreadable state
-    /// keeps the last answer, which only delays a change of their published sharing).
+    /// Re-reads which GPUs have shares prepared (an unreadable state keeps the last
+    /// answer, which only delays a change of their published sharing).
     pub(crate) fn refresh_shared_gpus(&self) {
-        let Ok(claims) = self.inner.store.claims() else { return };
-        let gpus: std::collections::BTreeSet<String> =
-            claims.iter().flat_map(|c| c.shares().map(|(_, s)| s.gpu.clone())).collect();
+        let Ok(gpus) = self.inner.store.gpus_with_shares() else { return };
         self.inner.shared_gpus.send_if_modified(|held| {
             let changed = **held != gpus;
             if changed {
@@ -640,13 +638,7 @@ impl Preparer {
         let gpus = plan::timeslicing_gpus(&devices, &inventory);
         let mps_plan = plan::mps_plan(&devices, &inventory)?;
         // Before anything is recorded or changed: a missing binary leaves all as it was.
-        if !gpus.is_empty() {
-            self.inner.settings.nvidia_smi.check().map_err(|source| PrepareError::Gpu {
-                action: "set the time-slice",
-                uuid: gpus[0].uuid.clone(),
-                source,
-            })?;
-        }
+        self.check_nvidia_smi(&gpus)?;
         if mps_plan.is_some() {
             self.inner.mps.check_binary().map_err(PrepareError::Mps)?;
         }
@@ -739,8 +731,18 @@ impl Preparer {
     /// Whether preparing `record` changes the settings of a shared GPU (`sharing.timeslice`
     /// with an Exclusive share).
     fn changes_shared_gpus(&self, record: &ClaimRecord) -> bool {
-        self.inner.settings.sharing.timeslice.is_some()
-            && record.shares().any(|(d, _)| d.config.sharing.strategy == crate::device_config::Strategy::Exclusive)
+        self.inner.settings.sharing.timeslice.is_some() && time_sliced_shares(record).next().is_some()
+    }
+
+    /// Fails with the reason when time-slicing `gpus` is asked for and `nvidia-smi` cannot
+    /// be run, before anything is recorded or changed.
+    fn check_nvidia_smi(&self, gpus: &[plan::TimeSlicedGpu]) -> Result<(), PrepareError> {
+        let Some(first) = gpus.first() else { return Ok(()) };
+        self.inner.settings.nvidia_smi.check().map_err(|source| PrepareError::Gpu {
+            action: "set the time-slice",
+            uuid: first.uuid.clone(),
+            source,
+        })
     }
 
     /// Sets compute mode DEFAULT and the interval on each GPU, each change recorded
@@ -882,10 +884,7 @@ impl Preparer {
         let inventory = self.inner.inventory.borrow().clone();
         let changes = self.inner.store.gpu_changes()?;
         let mut gpus: Vec<plan::TimeSlicedGpu> = Vec::new();
-        for (d, share) in record.shares() {
-            if d.config.sharing.strategy != crate::device_config::Strategy::Exclusive {
-                continue;
-            }
+        for share in time_sliced_shares(record) {
             let Some(dev) = inventory.device(&share.gpu) else { continue };
             let holder = shared_holder(&share.gpu);
             if changes.iter().any(|c| c.uuid == dev.uuid && c.claim == holder)
@@ -895,13 +894,7 @@ impl Preparer {
             }
             gpus.push(plan::TimeSlicedGpu { device: share.gpu.clone(), uuid: dev.uuid.clone(), interval });
         }
-        if !gpus.is_empty() {
-            self.inner.settings.nvidia_smi.check().map_err(|source| PrepareError::Gpu {
-                action: "set the time-slice",
-                uuid: gpus[0].uuid.clone(),
-                source,
-            })?;
-        }
+        self.check_nvidia_smi(&gpus)?;
         for g in gpus {
             self.time_slice(&shared_holder(&g.device), std::slice::from_ref(&g))?;
         }
@@ -957,6 +950,15 @@ pub(crate) const SHARED_HOLDER: &str = "shared:";
 /// claim UID, so no claim's release restores it; the last share's does.
 pub(crate) fn shared_holder(gpu: &str) -> String {
     format!("{SHARED_HOLDER}{gpu}")
+}
+
+/// The shares of `record` that `sharing.timeslice` applies to: those whose claim keeps the
+/// Exclusive strategy (a whole-memory share with its own strategy is left to it).
+fn time_sliced_shares(record: &ClaimRecord) -> impl Iterator<Item = &crate::state::ShareRecord> {
+    record
+        .shares()
+        .filter(|(d, _)| d.config.sharing.strategy == crate::device_config::Strategy::Exclusive)
+        .map(|(_, s)| s)
 }
 
 /// Wraps a GPU failure with what was being done to which GPU.

@@ -184,9 +184,10 @@ impl Machine {
     /// The devices as published: the inventory with `[sharing]` applied, except that a GPU
     /// with shares prepared keeps the sharing it is published with (the scheduler's view of
     /// the shares must not change under them); the new one follows when the last share is
-    /// gone.
-    fn published(&self) -> Inventory {
+    /// gone. Also returns the GPUs whose sharing is kept that way.
+    fn published(&self) -> (Inventory, BTreeSet<String>) {
         let mut out = self.sharing.published(&self.inventory, self.capacity_supported);
+        let mut kept = BTreeSet::new();
         for d in out.devices.iter_mut().filter(|d| self.held_shares.contains(&d.name)) {
             let Some(seen) =
                 self.observed.values().flat_map(|s| s.spec.devices.iter().flatten()).find(|o| o.name == d.name)
@@ -196,21 +197,15 @@ impl Machine {
             let published = published_policy(seen);
             if published != d.shared {
                 d.shared = published;
+                kept.insert(d.name.clone());
             }
         }
-        out
+        (out, kept)
     }
 
-    /// Logs the GPUs whose new sharing waits for their shares, and those it is published
-    /// for now that they are gone.
-    fn log_frozen(&mut self, published: &Inventory) {
-        let wanted = self.sharing.published(&self.inventory, self.capacity_supported);
-        let frozen: BTreeSet<String> = published
-            .devices
-            .iter()
-            .filter(|d| wanted.device(&d.name).is_some_and(|w| w.shared != d.shared))
-            .map(|d| d.name.clone())
-            .collect();
+    /// Logs the GPUs (`frozen`) whose new sharing waits for their shares, and those it is
+    /// published for now that they are gone.
+    fn log_frozen(&mut self, frozen: BTreeSet<String>) {
         for gpu in frozen.difference(&self.frozen) {
             info!(device = %gpu, "keeping the sharing {gpu} is published with while shares of it are prepared; \
                 the new [sharing] is published for it when the last share is gone");
@@ -339,8 +334,8 @@ impl Machine {
             _ => return Action::Wait,
         }
         let current: Vec<ResourceSlice> = self.observed.values().cloned().collect();
-        let published = self.published();
-        self.log_frozen(&published);
+        let (published, frozen) = self.published();
+        self.log_frozen(frozen);
         let taints = self.taints(&published);
         let p = plan_tainted(&current, &published, &taints, &self.node, &self.driver, self.min_generation);
         if p.is_empty() {
@@ -410,13 +405,17 @@ impl Machine {
                  metrics, `edra doctor` and the kubelet's health stream"
             );
         }
+        if self.capacity_supported && !written.is_empty() {
+            let (published, _) = self.published();
+            if written.iter().any(|s| dropped_capacity(s, &published)) {
+                // Planning with request policies again would rewrite the same slices forever.
+                self.capacity_supported = false;
+                warn_capacity_dropped(&self.sharing);
+            }
+        }
         for seen in applied.seen {
             match seen {
                 Seen::Written(s) => {
-                    if self.capacity_supported && dropped_capacity(&s, &self.published()) {
-                        self.capacity_supported = false;
-                        warn_capacity_dropped(&self.sharing);
-                    }
                     if let Some(name) = s.metadata.name.clone() {
                         self.observed.insert(name, s);
                     }

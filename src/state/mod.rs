@@ -618,6 +618,18 @@ impl Store {
         })
     }
 
+    /// The GPUs (device names) with shares held, in name order.
+    pub fn gpus_with_shares(&self) -> Result<std::collections::BTreeSet<String>, StateError> {
+        self.with_db(|db| {
+            let mut out = std::collections::BTreeSet::new();
+            for item in db.shares.iter() {
+                let (k, _) = item.map_err(db_err("list shared GPUs"))?;
+                out.insert(String::from_utf8_lossy(&k).into_owned());
+            }
+            Ok(out)
+        })
+    }
+
     /// The shares held on GPU `gpu` (device name), in the order they were taken.
     pub fn shares_of(&self, gpu: &str) -> Result<Vec<ShareHolding>, StateError> {
         self.with_db(|db| {
