@@ -7,9 +7,11 @@
 //!   backend's own memory.
 //! - [`timeslice::NvidiaSmi`]: the time-slice interval, through the host's `nvidia-smi`
 //!   (NVML has no call for it).
-//! - [`mps::MpsDaemons`]: per-claim MPS control daemons (start, check, stop); not used by
-//!   prepare yet.
+//! - [`mig::MigControl`]: MIG GPU and compute instances (dynamic MIG), through NVML or
+//!   the mock backend's own state.
+//! - [`mps::MpsDaemons`]: per-claim MPS control daemons (start, check, stop).
 
+pub mod mig;
 pub mod mps;
 #[cfg(test)]
 pub mod testing;

@@ -86,5 +86,6 @@ pub fn gpu_of(device: &Device) -> &str {
     match &device.kind {
         DeviceKind::Gpu => &device.uuid,
         DeviceKind::Mig(m) => &m.parent_uuid,
+        DeviceKind::MigSlot(s) => &s.parent_uuid,
     }
 }

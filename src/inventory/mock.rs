@@ -108,6 +108,7 @@ impl DeviceBackend for MockBackend {
                 normalize_version(&self.settings.cuda_driver_version)
                     .unwrap_or_else(|| self.settings.cuda_driver_version.clone()),
             ),
+            mig_gpus: Vec::new(),
         })
     }
 }

@@ -40,6 +40,24 @@ pub enum DeviceKind {
     Gpu,
     /// A MIG device carved out of a GPU.
     Mig(MigInfo),
+    /// A MIG device a dynamic-MIG GPU can be carved into: it does not exist until a claim
+    /// allocated it is prepared (see [`crate::gpu::mig`]).
+    MigSlot(Box<MigSlot>),
+}
+
+/// A (profile, placement) of a dynamic-MIG GPU, published as a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigSlot {
+    /// UUID of the parent GPU.
+    pub parent_uuid: String,
+    /// Minor number of the parent GPU (`/dev/nvidia<minor>`).
+    pub parent_minor: u32,
+    /// Index of the parent GPU.
+    pub parent_index: u32,
+    /// The GPU instance profile.
+    pub profile: crate::gpu::mig::MigProfile,
+    /// Where the GPU instance is created.
+    pub placement: crate::gpu::mig::Placement,
 }
 
 /// Where a MIG device lives.
@@ -95,6 +113,9 @@ pub struct Inventory {
     pub driver_version: Option<String>,
     /// The CUDA driver version as a semantic version, e.g. `12.4.0`, when known.
     pub cuda_driver_version: Option<String>,
+    /// GPUs in MIG mode whose MIG capability the backend could read, with the MIG
+    /// instances on them now (for dynamic MIG); their static MIG devices are in `devices`.
+    pub mig_gpus: Vec<crate::gpu::mig::MigGpu>,
 }
 
 impl Inventory {
@@ -111,6 +132,10 @@ pub trait DeviceBackend: crate::gpu::ComputeModes + Send + Sync {
     fn name(&self) -> &'static str;
     /// Discovers the devices now. Devices come back sorted by name, validated for publishing.
     fn discover(&self) -> Result<Inventory, InventoryError>;
+    /// MIG instance control, when this backend can create and destroy MIG instances.
+    fn mig(&self) -> Option<&dyn crate::gpu::mig::MigControl> {
+        None
+    }
 }
 
 /// Why devices could not be discovered.

@@ -214,6 +214,7 @@ impl DeviceBackend for NvmlBackend {
                 self.nvml.sys_cuda_driver_version(),
             )?
             .map(cuda_version_text),
+            mig_gpus: Vec::new(),
         };
         let count = required("nvmlDeviceGetCount_v2", system, self.nvml.device_count())?;
         for index in 0..count {

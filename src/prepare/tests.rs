@@ -111,6 +111,7 @@ impl Fixture {
             devices: vec![gpu(0, &dev), gpu(1, &dev)],
             driver_version: Some(VERSION.into()),
             cuda_driver_version: Some("12.4".into()),
+            mig_gpus: Vec::new(),
         };
         let (inventory_tx, rx) = watch::channel(Arc::new(inventory));
         let smi = FakeNvidiaSmi::install(&root.join("smi"));
