@@ -36,6 +36,7 @@ pub mod instance;
 pub mod inventory;
 pub mod kube;
 pub mod malloc;
+pub mod mig;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;

@@ -117,7 +117,7 @@ impl SharingSettings {
     /// How `d` is offered; `capacity_supported` is false once the API server was seen to
     /// drop consumable capacity.
     pub fn offer(&self, d: &Device, capacity_supported: bool) -> Offer {
-        if d.kind != DeviceKind::Gpu || !self.gpus.selects(d) {
+        if d.kind != DeviceKind::Gpu || d.consumes.is_some() || !self.gpus.selects(d) {
             return Offer::Whole;
         }
         match self.mode {

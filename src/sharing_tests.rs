@@ -22,6 +22,7 @@ fn gpu(name: &str, memory: u64) -> Device {
         capacity: BTreeMap::from([("memory".to_string(), memory)]),
         device_nodes: vec![format!("/dev/nvidia-{name}").into()],
         shared: None,
+        consumes: None,
     }
 }
 

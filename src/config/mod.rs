@@ -234,6 +234,8 @@ pub struct Config {
     pub mps: MpsTimings,
     /// How full GPUs are offered: whole, as shares, or as replicas.
     pub sharing: crate::sharing::SharingSettings,
+    /// Which GPUs get dynamic MIG (MIG devices created per claim).
+    pub mig: crate::mig::MigSettings,
     /// How GPU health is judged.
     pub health: HealthConfig,
 }
@@ -455,6 +457,9 @@ impl Config {
             ),
         };
         let sharing = sharing::read_sharing(r);
+        let mig = crate::mig::MigSettings {
+            dynamic: r.get("mig.dynamic", crate::mig::MigSettings::default().dynamic, sharing::selection),
+        };
         let health = HealthConfig {
             ignored_xids: r.get(
                 "health.ignored_xids",
@@ -489,6 +494,7 @@ impl Config {
             mock,
             mps,
             sharing,
+            mig,
             health,
         }
     }

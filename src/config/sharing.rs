@@ -43,7 +43,7 @@ pub(super) fn read_sharing(r: &mut Reader) -> SharingSettings {
 }
 
 /// `["*"]` (every full GPU) or device names (`gpu-0`) and UUIDs (`GPU-...`).
-fn selection(raw: &Raw) -> Result<GpuSelection, String> {
+pub(super) fn selection(raw: &Raw) -> Result<GpuSelection, String> {
     let items = string_list(raw)?;
     if items.iter().any(|s| s == "*") {
         return if items.len() == 1 {

@@ -345,3 +345,19 @@ fn sharing_defaults_to_shares_of_every_gpu_and_bad_values_name_the_key() {
         assert!(p.contains(want), "{key}={value}: {p}");
     }
 }
+
+#[test]
+fn mig_is_static_unless_gpus_are_selected_for_dynamic_mig() {
+    use crate::sharing::GpuSelection;
+    let cfg = Config::load(&ctx(None, &[])).unwrap();
+    assert!(!cfg.mig.any(), "static by default");
+    let f = write("[mig]\ndynamic = [\"gpu-0\", \"GPU-abc\"]\n");
+    let cfg = Config::load(&ctx(Some(f.path().into()), &[])).unwrap();
+    assert_eq!(cfg.mig.dynamic, GpuSelection::Listed(vec!["gpu-0".into(), "GPU-abc".into()]));
+    let f = write("[mig]\ndynamic = [\"*\"]\n");
+    assert_eq!(Config::load(&ctx(Some(f.path().into()), &[])).unwrap().mig.dynamic, GpuSelection::All);
+    for (value, want) in [("*,gpu-0", "cannot be combined"), ("gpu-0-mig-1-0", "neither a GPU device name")] {
+        let p = problem_of("mig.dynamic", value).unwrap_or_else(|| panic!("mig.dynamic={value} accepted"));
+        assert!(p.contains(want), "{value}: {p}");
+    }
+}

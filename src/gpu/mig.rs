@@ -110,6 +110,10 @@ pub struct MigInstance {
 pub struct MigGpu {
     /// The GPU's UUID.
     pub uuid: String,
+    /// The whole GPU as it is published when it is not carved up (kind
+    /// [`crate::inventory::DeviceKind::Gpu`], its attributes and capacity), whether or not
+    /// MIG devices exist on it now.
+    pub device: crate::inventory::Device,
     /// What it can be carved into.
     pub capability: MigCapability,
     /// The GPU instances that exist, created by edra or not.

@@ -88,6 +88,7 @@ pub fn gpu_device(g: &GpuFacts, dev_root: &Path) -> Device {
         capacity: capacity(g.memory, g.multiprocessors),
         device_nodes: vec![gpu_node(dev_root, g.minor)],
         shared: None,
+        consumes: None,
     };
     validate_device(&mut dev);
     dev
@@ -120,6 +121,7 @@ pub fn mig_device(parent: &GpuFacts, m: &MigFacts, dev_root: &Path, cap_nodes: V
         capacity: capacity(m.memory, Some(m.multiprocessors)),
         device_nodes,
         shared: None,
+        consumes: None,
     };
     validate_device(&mut dev);
     dev

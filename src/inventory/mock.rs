@@ -109,6 +109,7 @@ impl DeviceBackend for MockBackend {
                     .unwrap_or_else(|| self.settings.cuda_driver_version.clone()),
             ),
             mig_gpus: Vec::new(),
+            counter_sets: Vec::new(),
         })
     }
 }

@@ -101,6 +101,28 @@ pub struct Device {
     /// Published as shareable (consumable capacity) with this memory policy; set by
     /// [`crate::sharing`], never by a backend.
     pub shared: Option<crate::sharing::SharePolicy>,
+    /// The counters this device consumes from its GPU's counter set (dynamic MIG); set by
+    /// [`crate::mig`], never by a backend.
+    pub consumes: Option<CounterUse>,
+}
+
+/// A set of counters devices draw from (`spec.sharedCounters[]` of a ResourceSlice): one
+/// per dynamic-MIG GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterSet {
+    /// The set's name (DNS label, unique in the pool).
+    pub name: String,
+    /// Counter values in base units (bytes for `memory`), keyed by counter name.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// What a device consumes from one counter set (`devices[].consumesCounters[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterUse {
+    /// The counter set's name.
+    pub counter_set: String,
+    /// Amounts in base units, keyed by counter name.
+    pub counters: BTreeMap<String, u64>,
 }
 
 /// Everything a backend discovered.
@@ -116,6 +138,8 @@ pub struct Inventory {
     /// GPUs in MIG mode whose MIG capability the backend could read, with the MIG
     /// instances on them now (for dynamic MIG); their static MIG devices are in `devices`.
     pub mig_gpus: Vec<crate::gpu::mig::MigGpu>,
+    /// Counter sets to publish (dynamic MIG); set by [`crate::mig`], never by a backend.
+    pub counter_sets: Vec<CounterSet>,
 }
 
 impl Inventory {

@@ -215,6 +215,7 @@ impl DeviceBackend for NvmlBackend {
             )?
             .map(cuda_version_text),
             mig_gpus: Vec::new(),
+            counter_sets: Vec::new(),
         };
         let count = required("nvmlDeviceGetCount_v2", system, self.nvml.device_count())?;
         for index in 0..count {

@@ -154,6 +154,7 @@ fn gpu() -> Device {
         capacity: Default::default(),
         device_nodes: vec!["/dev/nvidia0".into(), "/dev/dri/card1".into(), "/dev/dri/renderD128".into()],
         shared: None,
+        consumes: None,
     }
 }
 

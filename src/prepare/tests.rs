@@ -72,6 +72,7 @@ fn gpu(minor: u32, dev_root: &Path) -> Device {
         capacity: Default::default(),
         device_nodes: vec![dev_root.join(format!("nvidia{minor}"))],
         shared: None,
+        consumes: None,
     }
 }
 
@@ -112,6 +113,7 @@ impl Fixture {
             driver_version: Some(VERSION.into()),
             cuda_driver_version: Some("12.4".into()),
             mig_gpus: Vec::new(),
+            counter_sets: Vec::new(),
         };
         let (inventory_tx, rx) = watch::channel(Arc::new(inventory));
         let smi = FakeNvidiaSmi::install(&root.join("smi"));

@@ -79,6 +79,7 @@ mod tests {
             capacity: BTreeMap::new(),
             device_nodes: Vec::new(),
             shared: None,
+            consumes: None,
         }
     }
 

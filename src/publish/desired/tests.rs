@@ -19,6 +19,7 @@ fn device(name: &str) -> Device {
         capacity: BTreeMap::from([("memory".to_string(), 80u64 << 30)]),
         device_nodes: vec![],
         shared: None,
+        consumes: None,
     }
 }
 

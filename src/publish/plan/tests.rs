@@ -24,6 +24,7 @@ pub(crate) fn inventory(n: usize, product: &str) -> Inventory {
             capacity: BTreeMap::from([("memory".to_string(), 80u64 << 30)]),
             device_nodes: vec![format!("/dev/nvidia{i}").into()],
             shared: None,
+            consumes: None,
         })
         .collect();
     Inventory { devices, ..Inventory::default() }
