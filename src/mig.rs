@@ -32,9 +32,11 @@ pub const FEATURE_GATE: &str = "DRAPartitionableDevices";
 /// Most counters in one counter set (`ResourceSliceMaxCountersPerCounterSet`).
 pub const MAX_COUNTERS_PER_SET: usize = 32;
 
-/// The capacity counters of a counter set: (counter name, device capacity name, the
-/// profile's value).
-const CAPACITIES: [(&str, &str, fn(&MigProfile) -> u64); 7] = [
+/// The capacity counters of a counter set.
+/// A capacity of a profile: (counter name, device capacity name, the profile's value).
+type Capacity = (&'static str, &'static str, fn(&MigProfile) -> u64);
+
+const CAPACITIES: [Capacity; 7] = [
     ("multiprocessors", "multiprocessors", |p| u64::from(p.multiprocessors)),
     ("copy-engines", "copyEngines", |p| u64::from(p.copy_engines)),
     ("decoders", "decoders", |p| u64::from(p.decoders)),
