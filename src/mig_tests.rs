@@ -1,5 +1,6 @@
 //! Tests of what dynamic MIG publishes.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::*;
@@ -198,5 +199,65 @@ fn slot_names_parse_only_in_their_canonical_form() {
     }
     for bad in ["gpu-0-mig-1-0", "gpu-0-mig--9-0", "gpu-00-mig-a-9-0", "gpu-0-mig-A-9-0", "gpu-0-mig-a-9-", "x"] {
         assert_eq!(parse_slot_name(bad), None, "{bad}");
+    }
+}
+
+/// Every rule of the 1.36 API (and its scheduler) a pool of dynamic-MIG GPUs must keep.
+fn assert_valid_pool(slices: &[k8s_openapi::api::resource::v1::ResourceSlice]) {
+    use crate::publish::desired::{MAX_COUNTER_SETS, MAX_DEVICES_TAINTED};
+    let mut sets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut device_names = BTreeSet::new();
+    for s in slices {
+        assert_eq!(s.spec.pool.resource_slice_count, slices.len() as i64);
+        let counters = s.spec.shared_counters.as_deref().unwrap_or_default();
+        let devices = s.spec.devices.as_deref().unwrap_or_default();
+        assert!(counters.is_empty() || devices.is_empty(), "a slice holds counters or devices, not both");
+        assert!(counters.len() <= MAX_COUNTER_SETS, "{} counter sets in one slice", counters.len());
+        for c in counters {
+            assert!(c.counters.len() <= MAX_COUNTERS_PER_SET);
+            assert!(crate::config::validate_dns_label(&c.name).is_ok(), "{}", c.name);
+            for k in c.counters.keys() {
+                assert!(crate::config::validate_dns_label(k).is_ok(), "counter name {k}");
+            }
+            let fresh = sets.insert(c.name.clone(), c.counters.keys().cloned().collect()).is_none();
+            assert!(fresh, "counter set {} twice in the pool", c.name);
+        }
+        assert!(devices.len() <= MAX_DEVICES_TAINTED, "{} devices with counters in one slice", devices.len());
+        for d in devices {
+            assert!(device_names.insert(d.name.clone()), "device {} twice", d.name);
+            let entries = d.attributes.as_ref().map_or(0, BTreeMap::len) + d.capacity.as_ref().map_or(0, BTreeMap::len);
+            assert!(entries <= 32, "{}: {entries} attributes and capacities", d.name);
+            let uses = d.consumes_counters.as_deref().unwrap_or_default();
+            assert!(uses.len() <= 2);
+            for u in uses {
+                assert!(u.counters.len() <= MAX_COUNTERS_PER_SET);
+            }
+        }
+    }
+    for s in slices {
+        for d in s.spec.devices.iter().flatten() {
+            for u in d.consumes_counters.iter().flatten() {
+                let set = sets.get(&u.counter_set).unwrap_or_else(|| panic!("{}: no set {}", d.name, u.counter_set));
+                for k in u.counters.keys() {
+                    assert!(set.contains(k), "{} consumes {k}, which {} lacks", d.name, u.counter_set);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pools_of_1_2_8_and_more_gpus_keep_every_api_limit() {
+    use crate::publish::desired::{NodeIdentity, desired_slices};
+    let node = NodeIdentity { name: "edge-1".into(), uid: Some("uid-1".into()) };
+    // (GPUs, counter-set slices, device slices): 26 devices per A100 80GB, 64 per slice.
+    for (n, counter_slices, device_slices) in [(1, 1, 1), (2, 1, 1), (8, 1, 4), (9, 2, 4), (16, 2, 7)] {
+        let out = all().published(&inventory(n), &OwnedInstances::new(), true);
+        let slices = desired_slices(&out.inventory, &node, "gpu.edra.dev", 1);
+        assert_valid_pool(&slices);
+        let with_counters = slices.iter().take_while(|s| s.spec.shared_counters.is_some()).count();
+        assert_eq!((with_counters, slices.len() - with_counters), (counter_slices, device_slices), "{n} GPUs");
+        let devices: usize = slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum();
+        assert_eq!(devices, 26 * n as usize);
     }
 }

@@ -14,8 +14,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    CapacityRequestPolicy, CapacityRequestPolicyRange, Device as ApiDevice, DeviceAttribute, DeviceCapacity,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet as ApiCounterSet, Device as ApiDevice,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -27,6 +27,8 @@ use crate::inventory::{AttributeValue, Device, Inventory};
 pub const MAX_DEVICES: usize = 128;
 /// Most devices in a slice holding a device with taints or `consumesCounters`.
 pub const MAX_DEVICES_TAINTED: usize = 64;
+/// Most counter sets in one slice.
+pub const MAX_COUNTER_SETS: usize = 8;
 /// Longest generateName prefix the API server keeps (63 minus its 5 random characters).
 pub const MAX_GENERATE_NAME: usize = 58;
 
@@ -64,12 +66,19 @@ pub fn desired_tainted_slices(
         })
         .collect();
     devices.sort_by(|a, b| a.name.cmp(&b.name));
-    let chunks = split(devices);
-    let count = chunks.len() as i64;
-    chunks
+    // Counter sets go in slices of their own (Kubernetes 1.35+: a slice holds counters or
+    // devices, not both), before the devices, at most eight to a slice.
+    let counter_sets: Vec<ApiCounterSet> = inv.counter_sets.iter().map(api_counter_set).collect();
+    let mut specs: Vec<(Option<Vec<ApiCounterSet>>, Option<Vec<ApiDevice>>)> =
+        counter_sets.chunks(MAX_COUNTER_SETS).map(|c| (Some(c.to_vec()), None)).collect();
+    if specs.is_empty() || !devices.is_empty() {
+        specs.extend(split(devices).into_iter().map(|d| (None, Some(d))));
+    }
+    let count = specs.len() as i64;
+    specs
         .into_iter()
         .enumerate()
-        .map(|(index, devices)| ResourceSlice {
+        .map(|(index, (shared_counters, devices))| ResourceSlice {
             metadata: ObjectMeta {
                 generate_name: Some(generate_name(index, driver, &node.name)),
                 owner_references: node.uid.as_ref().map(|uid| vec![node_owner(&node.name, uid)]),
@@ -79,7 +88,8 @@ pub fn desired_tainted_slices(
                 driver: driver.to_string(),
                 node_name: Some(node.name.clone()),
                 pool: ResourcePool { name: node.name.clone(), generation, resource_slice_count: count },
-                devices: Some(devices),
+                devices,
+                shared_counters,
                 ..ResourceSliceSpec::default()
             },
         })
@@ -228,8 +238,24 @@ pub fn api_device(d: &Device) -> ApiDevice {
         attributes: (!attributes.is_empty()).then_some(attributes),
         capacity: (!capacity.is_empty()).then_some(capacity),
         allow_multiple_allocations: d.shared.map(|_| true),
+        consumes_counters: d.consumes.as_ref().map(|c| {
+            vec![DeviceCounterConsumption {
+                counter_set: c.counter_set.clone(),
+                counters: api_counters(&c.counters),
+                ..DeviceCounterConsumption::default()
+            }]
+        }),
         ..ApiDevice::default()
     }
+}
+
+/// A counter set in the API's shape.
+pub fn api_counter_set(s: &crate::inventory::CounterSet) -> ApiCounterSet {
+    ApiCounterSet { name: s.name.clone(), counters: api_counters(&s.counters) }
+}
+
+fn api_counters(counters: &BTreeMap<String, u64>) -> BTreeMap<String, Counter> {
+    counters.iter().map(|(k, v)| (k.clone(), Counter { value: Quantity(quantity(*v)) })).collect()
 }
 
 fn api_attribute(v: &AttributeValue) -> DeviceAttribute {
