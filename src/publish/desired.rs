@@ -32,6 +32,9 @@ pub const MAX_COUNTER_SETS: usize = 8;
 /// Longest generateName prefix the API server keeps (63 minus its 5 random characters).
 pub const MAX_GENERATE_NAME: usize = 58;
 
+/// What one slice holds: counter sets or devices.
+type SliceContent = (Option<Vec<ApiCounterSet>>, Option<Vec<ApiDevice>>);
+
 /// The node that owns the pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeIdentity {
@@ -69,7 +72,7 @@ pub fn desired_tainted_slices(
     // Counter sets go in slices of their own (Kubernetes 1.35+: a slice holds counters or
     // devices, not both), before the devices, at most eight to a slice.
     let counter_sets: Vec<ApiCounterSet> = inv.counter_sets.iter().map(api_counter_set).collect();
-    let mut specs: Vec<(Option<Vec<ApiCounterSet>>, Option<Vec<ApiDevice>>)> =
+    let mut specs: Vec<SliceContent> =
         counter_sets.chunks(MAX_COUNTER_SETS).map(|c| (Some(c.to_vec()), None)).collect();
     if specs.is_empty() || !devices.is_empty() {
         specs.extend(split(devices).into_iter().map(|d| (None, Some(d))));
