@@ -157,6 +157,7 @@ pub async fn run_signalling(
     let preparer = open_and_recover(&config, inventory_rx.clone(), cluster.clone(), backend.clone()).await?;
     let store_health = preparer.store().health();
     let held_shares = preparer.shared_gpus();
+    let (_owned_mig_tx, owned_mig) = watch::channel(Arc::new(crate::mig::OwnedInstances::new()));
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let monitor = HealthMonitor::start(
@@ -197,6 +198,7 @@ pub async fn run_signalling(
         config.driver_name.clone(),
         config.node_name.clone(),
         (config.sharing.clone(), held_shares),
+        (config.mig.clone(), owned_mig),
         (inventory_rx.clone(), health_snapshot.clone()),
         status_tx,
         shutdown.clone(),
@@ -446,11 +448,13 @@ async fn rediscover(
 }
 
 /// Reaches the API server (retrying while it is unreachable), then keeps the pool published.
+#[allow(clippy::too_many_arguments)] // each pair of settings and their watch travels together
 async fn publish(
     cluster: Arc<Cluster>,
     driver: String,
     node: String,
     (sharing, held_shares): (crate::sharing::SharingSettings, watch::Receiver<Arc<std::collections::BTreeSet<String>>>),
+    (mig, owned_mig): (crate::mig::MigSettings, watch::Receiver<Arc<crate::mig::OwnedInstances>>),
     (inventory, health): (watch::Receiver<Arc<Inventory>>, watch::Receiver<Arc<HealthSnapshot>>),
     status: watch::Sender<PublishStatus>,
     mut shutdown: watch::Receiver<bool>,
@@ -495,9 +499,11 @@ async fn publish(
         Some(v) => v.ok(),
     };
     let none_effect = crate::publish::reconcile::accepts_none_effect(api, version.as_deref());
+    let partitions = crate::publish::reconcile::accepts_partitions(api, version.as_deref());
     Publisher::new(cluster.client().clone(), api, driver, identity, inventory, status)
         .with_sharing(sharing)
         .with_held_shares(held_shares)
+        .with_mig(mig, partitions, owned_mig)
         .with_health(health, none_effect)
         .run(shutdown)
         .await;

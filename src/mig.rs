@@ -252,4 +252,4 @@ fn slot_device(gpu: &MigGpu, profile: &MigProfile, placement: Placement, set: &s
 
 #[cfg(test)]
 #[path = "mig_tests.rs"]
-mod tests;
+pub(crate) mod tests;

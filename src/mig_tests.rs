@@ -40,7 +40,7 @@ fn mig_gpu(index: u32, instances: Vec<MigInstance>) -> MigGpu {
 }
 
 /// `n` A100 80GB GPUs in MIG mode, none carved yet.
-fn inventory(n: u32) -> Inventory {
+pub(crate) fn inventory(n: u32) -> Inventory {
     let mig_gpus: Vec<MigGpu> = (0..n).map(|i| mig_gpu(i, Vec::new())).collect();
     Inventory { devices: mig_gpus.iter().map(|g| g.device.clone()).collect(), mig_gpus, ..Inventory::default() }
 }
@@ -53,7 +53,7 @@ fn names(inv: &Inventory) -> Vec<&str> {
     inv.devices.iter().map(|d| d.name.as_str()).collect()
 }
 
-fn instance(gi: u32, profile_id: u32, start: u32, size: u32) -> MigInstance {
+pub(crate) fn instance(gi: u32, profile_id: u32, start: u32, size: u32) -> MigInstance {
     MigInstance { gi, profile_id, placement: Placement { start, size }, ci: Some(0), uuid: Some(format!("MIG-{gi}")) }
 }
 

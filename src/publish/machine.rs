@@ -29,6 +29,7 @@ use super::taints::{DeviceTaints, device_taints, has_taints};
 use crate::health::HealthSnapshot;
 use crate::inventory::Inventory;
 use crate::kube::{self, backoff::Backoff, watcher};
+use crate::mig::{Carved, FEATURE_GATE, MigSettings, OwnedInstances};
 use crate::sharing::{Fallback, SharePolicy, SharingMode, SharingSettings};
 use crate::util::error_chain;
 
@@ -73,6 +74,8 @@ pub enum Input {
     Health(Arc<HealthSnapshot>),
     /// The GPUs with shares prepared changed (their published sharing stays as it is).
     Shares(Arc<BTreeSet<String>>),
+    /// The MIG instances edra created for claims changed (the others are foreign).
+    MigOwned(Arc<OwnedInstances>),
     /// The time of [`Machine::timer`] has come.
     Timer,
     /// The Node's uid as re-read for [`Action::RefreshOwner`].
@@ -139,6 +142,22 @@ pub struct Machine {
     none_effect: bool,
     /// The server keeps device taints; false once it dropped them (gate off, too old).
     taints_kept: bool,
+    mig: MigSettings,
+    /// The MIG instances edra created (or is creating) for claims.
+    owned_mig: Arc<OwnedInstances>,
+    /// The server takes partitionable devices in split slices (Kubernetes 1.35+, gate on);
+    /// false when its version says otherwise or once it dropped the counters.
+    partitions_supported: bool,
+    /// What was last logged about dynamic MIG, to log changes once.
+    mig_logged: MigLog,
+}
+
+/// The dynamic-MIG facts logged last.
+#[derive(Debug, Default, PartialEq)]
+struct MigLog {
+    dynamic: Vec<String>,
+    foreign: Vec<(String, crate::gpu::mig::MigInstance)>,
+    not_carved: Vec<String>,
 }
 
 impl Machine {
@@ -161,7 +180,80 @@ impl Machine {
             health: Arc::default(),
             none_effect: false,
             taints_kept: true,
+            mig: MigSettings::default(),
+            owned_mig: Arc::default(),
+            partitions_supported: true,
+            mig_logged: MigLog::default(),
         }
+    }
+
+    /// Carves the GPUs `mig` selects into MIG devices (dynamic MIG) when `supported` (the
+    /// server's version allows partitionable devices; see
+    /// [`super::reconcile::accepts_partitions`]), otherwise publishes them statically and
+    /// says why once.
+    pub fn with_mig(mut self, mig: MigSettings, supported: Result<(), String>) -> Self {
+        if let Err(why) = &supported
+            && mig.any()
+        {
+            warn!(
+                "dynamic MIG needs partitionable devices (Kubernetes 1.35 or newer with the {FEATURE_GATE} feature                  gate; on by default from 1.36), and {why}: the GPUs [mig] dynamic selects are published statically                  (their existing MIG devices, or whole)"
+            );
+        }
+        self.partitions_supported = supported.is_ok();
+        self.mig = mig;
+        self
+    }
+
+    /// False when the server cannot take dynamic MIG's counters (version, or it dropped them).
+    pub fn partitions_supported(&self) -> bool {
+        self.partitions_supported
+    }
+
+    /// Treats the MIG instances in `owned` as edra's (see [`Input::MigOwned`]).
+    pub fn with_owned_mig(mut self, owned: Arc<OwnedInstances>) -> Self {
+        self.owned_mig = owned;
+        self
+    }
+
+    /// The inventory with dynamic MIG applied.
+    fn carved(&self) -> Carved {
+        self.mig.published(&self.inventory, &self.owned_mig, self.partitions_supported)
+    }
+
+    /// Logs what changed about dynamic MIG since the last reconcile.
+    fn log_mig(&mut self, carved: &Carved) {
+        let now = MigLog {
+            dynamic: carved.dynamic.clone(),
+            foreign: carved.foreign.clone(),
+            not_carved: carved.not_carved.clone(),
+        };
+        if now == self.mig_logged {
+            return;
+        }
+        for gpu in now.dynamic.iter().filter(|g| !self.mig_logged.dynamic.contains(g)) {
+            info!(device = %gpu, "publishing {gpu} for dynamic MIG: MIG devices are created when claims are prepared");
+        }
+        for (gpu, i) in now.foreign.iter().filter(|f| !self.mig_logged.foreign.contains(f)) {
+            warn!(
+                device = %gpu,
+                gi = i.gi,
+                placement = %i.placement,
+                "{gpu} has a MIG instance edra did not create (GPU instance {}, memory slices {}): edra leaves it                  alone and does not offer its memory slices, nor the whole GPU, until it is gone                  (nvidia-smi mig -dci -gi {} -i <gpu>; nvidia-smi mig -dgi -gi {} -i <gpu>)",
+                i.gi,
+                i.placement,
+                i.gi,
+                i.gi
+            );
+        }
+        for gpu in now.not_carved.iter().filter(|g| !self.mig_logged.not_carved.contains(g)) {
+            if self.partitions_supported {
+                warn!(
+                    device = %gpu,
+                    "{gpu} is selected for dynamic MIG ([mig] dynamic) but is not a MIG-capable GPU in MIG mode                      whose profiles edra can read; it is published whole. Enable MIG mode with                      `nvidia-smi -i <gpu> -mig 1` (Ampere needs a GPU reset) and restart edra"
+                );
+            }
+        }
+        self.mig_logged = now;
     }
 
     /// Publishes full GPUs as `sharing` says (the default is every GPU exclusive).
@@ -186,7 +278,12 @@ impl Machine {
     /// the shares must not change under them); the new one follows when the last share is
     /// gone. Also returns the GPUs whose sharing is kept that way.
     fn published(&self) -> (Inventory, BTreeSet<String>) {
-        let mut out = self.sharing.published(&self.inventory, self.capacity_supported);
+        self.published_from(&self.carved())
+    }
+
+    /// [`Self::published`] of an inventory with dynamic MIG applied.
+    fn published_from(&self, carved: &Carved) -> (Inventory, BTreeSet<String>) {
+        let mut out = self.sharing.published(&carved.inventory, self.capacity_supported);
         let mut kept = BTreeSet::new();
         for d in out.devices.iter_mut().filter(|d| self.held_shares.contains(&d.name)) {
             let Some(seen) =
@@ -287,6 +384,11 @@ impl Machine {
                 self.changed(now);
                 Action::Wait
             }
+            Input::MigOwned(owned) => {
+                self.owned_mig = owned;
+                self.changed(now);
+                Action::Wait
+            }
             Input::Timer => self.on_timer(now),
             Input::OwnerRefreshed(uid) => self.on_owner(uid, now),
             Input::Applied(applied) => self.on_applied(applied, now),
@@ -334,7 +436,9 @@ impl Machine {
             _ => return Action::Wait,
         }
         let current: Vec<ResourceSlice> = self.observed.values().cloned().collect();
-        let (published, frozen) = self.published();
+        let carved = self.carved();
+        self.log_mig(&carved);
+        let (published, frozen) = self.published_from(&carved);
         self.log_frozen(frozen);
         let taints = self.taints(&published);
         let p = plan_tainted(&current, &published, &taints, &self.node, &self.driver, self.min_generation);
@@ -405,12 +509,19 @@ impl Machine {
                  metrics, `edra doctor` and the kubelet's health stream"
             );
         }
-        if self.capacity_supported && !written.is_empty() {
+        if (self.capacity_supported || self.partitions_supported) && !written.is_empty() {
             let (published, _) = self.published();
-            if written.iter().any(|s| dropped_capacity(s, &published)) {
+            if self.capacity_supported && written.iter().any(|s| dropped_capacity(s, &published)) {
                 // Planning with request policies again would rewrite the same slices forever.
                 self.capacity_supported = false;
                 warn_capacity_dropped(&self.sharing);
+            }
+            if self.partitions_supported && written.iter().any(|s| dropped_counters(s, &published)) {
+                // Planning with counters again would rewrite the same slices forever.
+                self.partitions_supported = false;
+                warn!(
+                    "the API server dropped the counters of dynamic MIG (sharedCounters, consumesCounters) from                      edra's ResourceSlices: its {FEATURE_GATE} feature gate is off (alpha in 1.35, on by default                      from 1.36); the GPUs [mig] dynamic selects are published statically instead. To carve GPUs                      on demand, enable the gate on kube-apiserver and kube-scheduler                      (--feature-gates={FEATURE_GATE}=true) and restart edra"
+                );
             }
         }
         for seen in applied.seen {
@@ -474,6 +585,22 @@ fn dropped_capacity(written: &ResourceSlice, published: &Inventory) -> bool {
         let policy = d.capacity.as_ref().and_then(|c| c.get("memory")).is_some_and(|c| c.request_policy.is_some());
         shared && (d.allow_multiple_allocations != Some(true) || !policy)
     })
+}
+
+/// Whether the server dropped dynamic MIG's counters from a slice edra wrote: a device
+/// published with `consumesCounters` came back without, or a slice came back with neither
+/// counters nor devices while edra publishes counter sets.
+fn dropped_counters(written: &ResourceSlice, published: &Inventory) -> bool {
+    if published.counter_sets.is_empty() {
+        return false;
+    }
+    let devices = written.spec.devices.as_deref().unwrap_or_default();
+    let counters = written.spec.shared_counters.as_deref().unwrap_or_default();
+    (devices.is_empty() && counters.is_empty())
+        || devices.iter().any(|d| {
+            let consumes = published.device(&d.name).is_some_and(|p| p.consumes.is_some());
+            consumes && d.consumes_counters.as_ref().is_none_or(Vec::is_empty)
+        })
 }
 
 fn warn_capacity_dropped(sharing: &SharingSettings) {

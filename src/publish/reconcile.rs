@@ -53,6 +53,7 @@ pub struct Publisher {
     machine: Machine,
     health: Option<watch::Receiver<Arc<HealthSnapshot>>>,
     held_shares: Option<watch::Receiver<Arc<std::collections::BTreeSet<String>>>>,
+    owned_mig: Option<watch::Receiver<Arc<crate::mig::OwnedInstances>>>,
 }
 
 impl Publisher {
@@ -66,7 +67,7 @@ impl Publisher {
         status: watch::Sender<PublishStatus>,
     ) -> Self {
         let machine = Machine::new(driver, node, inventory.borrow_and_update().clone());
-        Self { client, api, inventory, status, machine, health: None, held_shares: None }
+        Self { client, api, inventory, status, machine, health: None, held_shares: None, owned_mig: None }
     }
 
     /// Publishes the taints of GPU health from `health` as it changes; informational
@@ -88,6 +89,20 @@ impl Publisher {
     pub fn with_held_shares(mut self, mut held: watch::Receiver<Arc<std::collections::BTreeSet<String>>>) -> Self {
         self.machine = self.machine.with_held_shares(held.borrow_and_update().clone());
         self.held_shares = Some(held);
+        self
+    }
+
+    /// Carves the GPUs `[mig] dynamic` selects into MIG devices when `supported` (see
+    /// [`accepts_partitions`]); the MIG instances `owned` lists are edra's, any other one on
+    /// those GPUs is foreign and its space is not offered.
+    pub fn with_mig(
+        mut self,
+        mig: crate::mig::MigSettings,
+        supported: Result<(), String>,
+        mut owned: watch::Receiver<Arc<crate::mig::OwnedInstances>>,
+    ) -> Self {
+        self.machine = self.machine.with_mig(mig, supported).with_owned_mig(owned.borrow_and_update().clone());
+        self.owned_mig = Some(owned);
         self
     }
 
@@ -122,6 +137,13 @@ impl Publisher {
                     Some(h) => Input::Shares(h),
                     None => {
                         self.held_shares = None;
+                        continue;
+                    }
+                },
+                owned = changed(&mut self.owned_mig) => match owned {
+                    Some(o) => Input::MigOwned(o),
+                    None => {
+                        self.owned_mig = None;
                         continue;
                     }
                 },
@@ -204,14 +226,33 @@ pub fn accepts_none_effect(api: ResourceApi, git_version: Option<&str>) -> bool 
     if api != ResourceApi::V1 {
         return false;
     }
-    let minor = git_version.and_then(|v| {
-        let rest = v.trim_start_matches('v');
-        let mut parts = rest.split('.');
-        let major: u32 = parts.next()?.parse().ok()?;
-        let minor: u32 = parts.next()?.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()?;
-        Some((major, minor))
-    });
-    minor.is_none_or(|(major, minor)| major > 1 || minor >= 35)
+    server_minor(git_version).is_none_or(|(major, minor)| major > 1 || minor >= 35)
+}
+
+/// Whether a server speaking `api` with `/version` `git_version` takes dynamic MIG's
+/// partitionable devices as edra writes them (counter sets in slices of their own):
+/// resource.k8s.io/v1 from Kubernetes 1.35 on. `Err` says why not. An unreadable version
+/// counts as new enough when the server speaks v1 (a server that drops the counters is
+/// caught from its answers).
+pub fn accepts_partitions(api: ResourceApi, git_version: Option<&str>) -> Result<(), String> {
+    if api != ResourceApi::V1 {
+        return Err(format!("the API server serves resource.k8s.io/{} only", api.version()));
+    }
+    match server_minor(git_version) {
+        Some((major, minor)) if major == 1 && minor < 35 => {
+            Err(format!("the API server is {}", git_version.unwrap_or_default()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// (major, minor) of a `/version` gitVersion such as `v1.36.2+k3s1`.
+fn server_minor(git_version: Option<&str>) -> Option<(u32, u32)> {
+    let rest = git_version?.trim_start_matches('v');
+    let mut parts = rest.split('.');
+    let major: u32 = parts.next()?.parse().ok()?;
+    let minor: u32 = parts.next()?.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()?;
+    Some((major, minor))
 }
 
 /// The next value of `rx`; `None` when its sender is gone; pending forever without one.
@@ -238,5 +279,17 @@ mod tests {
         assert!(accepts_none_effect(ResourceApi::V1, Some("garbage")));
         assert!(!accepts_none_effect(ResourceApi::V1beta2, Some("v1.36.2")));
         assert!(!accepts_none_effect(ResourceApi::V1beta1, None));
+    }
+
+    #[test]
+    fn partitionable_devices_need_v1_on_kubernetes_1_35_or_newer() {
+        assert_eq!(accepts_partitions(ResourceApi::V1, Some("v1.36.2")), Ok(()));
+        assert_eq!(accepts_partitions(ResourceApi::V1, Some("v1.35.0+k3s1")), Ok(()));
+        assert_eq!(accepts_partitions(ResourceApi::V1, None), Ok(()));
+        assert_eq!(accepts_partitions(ResourceApi::V1, Some("v1.34.3")), Err("the API server is v1.34.3".into()));
+        assert_eq!(
+            accepts_partitions(ResourceApi::V1beta2, Some("v1.36.2")),
+            Err("the API server serves resource.k8s.io/v1beta2 only".into())
+        );
     }
 }

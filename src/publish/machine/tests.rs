@@ -309,3 +309,71 @@ async fn a_gpu_with_shares_keeps_its_published_sharing_until_the_last_share_is_g
     let Action::Apply(p) = fire(&mut m).await else { panic!("gpu-0 gets the new step") };
     assert_eq!(step(&p.updates[0], "gpu-0").as_deref(), Some("2Gi"));
 }
+
+fn dynamic_mig() -> MigSettings {
+    MigSettings { dynamic: crate::sharing::GpuSelection::All }
+}
+
+fn counter_sets(slices: &[ResourceSlice]) -> usize {
+    slices.iter().map(|s| s.spec.shared_counters.as_ref().map_or(0, Vec::len)).sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn counters_the_server_drops_turn_dynamic_mig_static_without_a_write_loop() {
+    let inv = Arc::new(crate::mig::tests::inventory(2));
+    let mut m = Machine::new(DRIVER.into(), NodeIdentity { uid: None, ..node() }, inv).with_mig(dynamic_mig(), Ok(()));
+    let mut counter = 0;
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the first plan writes") };
+    assert_eq!(counter_sets(&p.creates), 2, "one counter set per GPU");
+    assert_eq!(devices_in(&p), 2 * 26);
+    // The server stores the slices without counters (DRAPartitionableDevices off).
+    let mut applied = server_applies(&m, &p, &mut counter);
+    for seen in &mut applied.seen {
+        if let Seen::Written(s) = seen {
+            s.spec.shared_counters = None;
+            for d in s.spec.devices.iter_mut().flatten() {
+                d.consumes_counters = None;
+            }
+        }
+    }
+    m.step(Input::Applied(applied), Instant::now());
+    assert!(!m.partitions_supported());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the static pool replaces the carved one") };
+    assert_eq!(counter_sets(&p.creates) + counter_sets(&p.updates), 0);
+    assert_eq!(devices_in(&p), 2, "two whole GPUs");
+    let applied = server_applies(&m, &p, &mut counter);
+    m.step(Input::Applied(applied), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::Wait, "static from now on: no loop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_old_server_gets_static_mig_and_instances_edra_owns_are_not_foreign() {
+    let mut inv = crate::mig::tests::inventory(1);
+    inv.mig_gpus[0].instances.push(crate::mig::tests::instance(1, 9, 4, 4));
+    let inv = Arc::new(inv);
+    let mut m = Machine::new(DRIVER.into(), NodeIdentity { uid: None, ..node() }, inv.clone())
+        .with_mig(dynamic_mig(), Err("the API server is v1.34.3".into()));
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("writes") };
+    assert_eq!((counter_sets(&p.creates), devices_in(&p)), (0, 1), "static: the GPU as discovered");
+
+    let mut m =
+        Machine::new(DRIVER.into(), NodeIdentity { uid: None, ..node() }, inv.clone()).with_mig(dynamic_mig(), Ok(()));
+    let mut counter = 0;
+    m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("writes") };
+    // A foreign 3g.40gb at memory slices 4-7: neither the whole GPU nor that placement is offered.
+    let names: Vec<String> =
+        p.creates.iter().flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone())).collect();
+    assert!(!names.iter().any(|n| n == "gpu-0" || n == "gpu-0-mig-3g40gb-9-4"), "{names:?}");
+    let applied = server_applies(&m, &p, &mut counter);
+    m.step(Input::Applied(applied), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::Wait);
+    // The preparer says the instance is edra's: its space is offered again.
+    let owned =
+        OwnedInstances::from([(inv.mig_gpus[0].uuid.clone(), crate::gpu::mig::Placement { start: 4, size: 4 })]);
+    m.step(Input::MigOwned(Arc::new(owned)), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the freed devices are written") };
+    assert_eq!(devices_in(&p), 26, "all 26 devices of the GPU");
+}
