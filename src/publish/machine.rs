@@ -196,7 +196,9 @@ impl Machine {
             && mig.any()
         {
             warn!(
-                "dynamic MIG needs partitionable devices (Kubernetes 1.35 or newer with the {FEATURE_GATE} feature                  gate; on by default from 1.36), and {why}: the GPUs [mig] dynamic selects are published statically                  (their existing MIG devices, or whole)"
+                "dynamic MIG needs partitionable devices (Kubernetes 1.35 or newer with the {FEATURE_GATE} feature \
+                gate; on by default from 1.36), and {why}: the GPUs [mig] dynamic selects are published statically \
+                (their existing MIG devices, or whole)"
             );
         }
         self.partitions_supported = supported.is_ok();
@@ -238,7 +240,9 @@ impl Machine {
                 device = %gpu,
                 gi = i.gi,
                 placement = %i.placement,
-                "{gpu} has a MIG instance edra did not create (GPU instance {}, memory slices {}): edra leaves it                  alone and does not offer its memory slices, nor the whole GPU, until it is gone                  (nvidia-smi mig -dci -gi {} -i <gpu>; nvidia-smi mig -dgi -gi {} -i <gpu>)",
+                "{gpu} has a MIG instance edra did not create (GPU instance {}, memory slices {}): edra leaves it \
+                alone and does not offer its memory slices, nor the whole GPU, until it is gone \
+                (nvidia-smi mig -dci -gi {} -i <gpu>; nvidia-smi mig -dgi -gi {} -i <gpu>)",
                 i.gi,
                 i.placement,
                 i.gi,
@@ -249,7 +253,9 @@ impl Machine {
             if self.partitions_supported {
                 warn!(
                     device = %gpu,
-                    "{gpu} is selected for dynamic MIG ([mig] dynamic) but is not a MIG-capable GPU in MIG mode                      whose profiles edra can read; it is published whole. Enable MIG mode with                      `nvidia-smi -i <gpu> -mig 1` (Ampere needs a GPU reset) and restart edra"
+                    "{gpu} is selected for dynamic MIG ([mig] dynamic) but is not a MIG-capable GPU in MIG mode \
+                    whose profiles edra can read; it is published whole. Enable MIG mode with \
+                    `nvidia-smi -i <gpu> -mig 1` (Ampere needs a GPU reset) and restart edra"
                 );
             }
         }
@@ -520,7 +526,11 @@ impl Machine {
                 // Planning with counters again would rewrite the same slices forever.
                 self.partitions_supported = false;
                 warn!(
-                    "the API server dropped the counters of dynamic MIG (sharedCounters, consumesCounters) from                      edra's ResourceSlices: its {FEATURE_GATE} feature gate is off (alpha in 1.35, on by default                      from 1.36); the GPUs [mig] dynamic selects are published statically instead. To carve GPUs                      on demand, enable the gate on kube-apiserver and kube-scheduler                      (--feature-gates={FEATURE_GATE}=true) and restart edra"
+                    "the API server dropped the counters of dynamic MIG (sharedCounters, consumesCounters) from \
+                    edra's ResourceSlices: its {FEATURE_GATE} feature gate is off (alpha in 1.35, on by default \
+                    from 1.36); the GPUs [mig] dynamic selects are published statically instead. To carve GPUs \
+                    on demand, enable the gate on kube-apiserver and kube-scheduler \
+                    (--feature-gates={FEATURE_GATE}=true) and restart edra"
                 );
             }
         }

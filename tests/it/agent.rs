@@ -8,6 +8,7 @@ mod diskfull;
 mod exits;
 mod health;
 mod logs;
+mod mig_publishing;
 mod misbehaving;
 mod offline;
 mod pool;

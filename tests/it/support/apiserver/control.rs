@@ -41,6 +41,13 @@ impl TestApiServer {
         self.shared.mutate(|s| s.consumable_capacity = served);
     }
 
+    /// Serves partitionable devices (the default) or drops `sharedCounters` and
+    /// `consumesCounters` from written slices, as a server with the `DRAPartitionableDevices`
+    /// feature gate off does.
+    pub fn set_partitionable_devices(&self, served: bool) {
+        self.shared.mutate(|s| s.partitionable_devices = served);
+    }
+
     /// Drops the event history: watches from any older resourceVersion get 410.
     pub fn compact(&self) {
         self.shared.mutate(State::compact);

@@ -68,12 +68,26 @@ pub(crate) fn get(call: &Call<'_>, version: ApiVersion, name: &str) -> Result<Re
 /// What the real server's strategy does before validation: canonical quantities, device
 /// taints dropped when the server does not serve them (`DRADeviceTaints` off),
 /// `allowMultipleAllocations` and request policies dropped likewise
-/// (`DRAConsumableCapacity` off), and
+/// (`DRAConsumableCapacity` off), `sharedCounters` and `consumesCounters` likewise
+/// (`DRAPartitionableDevices` off), and
 /// `timeAdded` defaulted to now on every taint that lacks it (on create and on every
 /// update alike: a client that re-sends a taint without its time resets the clock).
 /// Returns the causes of unparsable quantities.
-fn prepare(object: &mut Value, (device_taints, consumable_capacity): (bool, bool)) -> Vec<Cause> {
+fn prepare(
+    object: &mut Value,
+    (device_taints, consumable_capacity, partitionable_devices): (bool, bool, bool),
+) -> Vec<Cause> {
     let causes = quantity::canonicalize_slice(object);
+    if !partitionable_devices {
+        if let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.remove("sharedCounters");
+        }
+        for d in object.pointer_mut("/spec/devices").and_then(Value::as_array_mut).into_iter().flatten() {
+            if let Some(d) = d.as_object_mut() {
+                d.remove("consumesCounters");
+            }
+        }
+    }
     let now = now_rfc3339();
     let Some(devices) = object.pointer_mut("/spec/devices").and_then(Value::as_array_mut) else {
         return causes;
@@ -156,7 +170,7 @@ pub(crate) fn create(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiE
     call.authorize(&a)?;
     let gates = {
         let s = call.shared.lock();
-        (s.device_taints, s.consumable_capacity)
+        (s.device_taints, s.consumable_capacity, s.partitionable_devices)
     };
     let mut causes = prepare(&mut object, gates);
     causes.extend(validate::slice(&object, None));
@@ -242,7 +256,7 @@ fn replace(
     };
     let gates = {
         let s = call.shared.lock();
-        (s.device_taints, s.consumable_capacity)
+        (s.device_taints, s.consumable_capacity, s.partitionable_devices)
     };
     let mut causes = prepare(&mut object, gates);
     causes.extend(validate::slice(&object, Some(&existing)));

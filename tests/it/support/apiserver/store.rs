@@ -122,6 +122,7 @@ pub struct State {
     /// `allowMultipleAllocations` and request policies are stored (`DRAConsumableCapacity`
     /// on); when false they are dropped.
     pub(crate) consumable_capacity: bool,
+    pub(crate) partitionable_devices: bool,
 }
 
 impl State {
@@ -148,6 +149,7 @@ impl State {
             gone_as_http_status: false,
             device_taints: true,
             consumable_capacity: true,
+            partitionable_devices: true,
         }
     }
 

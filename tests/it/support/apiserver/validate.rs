@@ -11,6 +11,8 @@ use super::status::Cause;
 const MAX_DEVICES: usize = 128;
 const MAX_DEVICES_WITH_TAINTS_OR_COUNTERS: usize = 64;
 const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+const MAX_COUNTER_SETS: usize = 8;
+const MAX_COUNTERS: usize = 32;
 
 fn required(field: &str) -> Cause {
     Cause { reason: "FieldValueRequired", field: field.to_owned(), message: "Required value".to_owned() }
@@ -105,6 +107,7 @@ pub fn slice(object: &Value, old: Option<&Value>) -> Vec<Cause> {
         causes.push(invalid("spec.allNodes", &spec["allNodes"], "must be true when set"));
     }
     devices(spec, &mut causes);
+    counters(spec, &mut causes);
     if let Some(old) = old {
         for (path, field) in [
             ("spec.driver", "/spec/driver"),
@@ -203,6 +206,78 @@ fn request_policy(field: &str, cap: &Value, causes: &mut Vec<Cause>) {
         {
             bad(".validRange.max", "max - min must be a multiple of validRange.step");
         }
+    }
+}
+
+/// Partitionable devices (Kubernetes 1.35+): a slice holds `sharedCounters` or `devices`,
+/// not both; at most 8 counter sets per slice and 32 counters per set, names DNS labels;
+/// at most 2 `consumesCounters` entries per device (one per set), 32 counters each.
+fn counters(spec: &Value, causes: &mut Vec<Cause>) {
+    let sets = spec["sharedCounters"].as_array().map_or(&[][..], Vec::as_slice);
+    if !sets.is_empty() && spec["devices"].as_array().is_some_and(|d| !d.is_empty()) {
+        causes.push(Cause {
+            reason: "FieldValueInvalid",
+            field: "spec".to_owned(),
+            message: "Invalid value: only one of `sharedCounters` or `devices` is allowed".to_owned(),
+        });
+    }
+    if sets.len() > MAX_COUNTER_SETS {
+        causes.push(too_many("spec.sharedCounters", sets.len(), MAX_COUNTER_SETS));
+    }
+    let counter_map = |field: &str, counters: &Value, causes: &mut Vec<Cause>| {
+        let Some(map) = counters.as_object() else {
+            causes.push(required(field));
+            return;
+        };
+        if map.len() > MAX_COUNTERS {
+            causes.push(too_many(field, map.len(), MAX_COUNTERS));
+        }
+        for (name, c) in map {
+            if !is_dns_label(name) {
+                causes.push(invalid(&format!("{field}[{name}]"), &Value::String(name.clone()), "must be a DNS label"));
+            }
+            if c["value"].is_null() {
+                causes.push(required(&format!("{field}[{name}].value")));
+            }
+        }
+    };
+    let mut names = std::collections::HashSet::new();
+    for (i, set) in sets.iter().enumerate() {
+        let name = set["name"].as_str().unwrap_or_default();
+        if !is_dns_label(name) {
+            causes.push(invalid(&format!("spec.sharedCounters[{i}].name"), &set["name"], "must be a DNS label"));
+        } else if !names.insert(name) {
+            causes.push(Cause {
+                reason: "FieldValueDuplicate",
+                field: format!("spec.sharedCounters[{i}].name"),
+                message: format!("Duplicate value: \"{name}\""),
+            });
+        }
+        counter_map(&format!("spec.sharedCounters[{i}].counters"), &set["counters"], causes);
+    }
+    for (i, d) in spec["devices"].as_array().into_iter().flatten().enumerate() {
+        let uses = d["consumesCounters"].as_array().map_or(&[][..], Vec::as_slice);
+        if uses.len() > 2 {
+            causes.push(too_many(&format!("spec.devices[{i}].consumesCounters"), uses.len(), 2));
+        }
+        for (j, u) in uses.iter().enumerate() {
+            if u["counterSet"].as_str().is_none_or(|s| !is_dns_label(s)) {
+                causes.push(invalid(
+                    &format!("spec.devices[{i}].consumesCounters[{j}].counterSet"),
+                    &u["counterSet"],
+                    "must be a DNS label",
+                ));
+            }
+            counter_map(&format!("spec.devices[{i}].consumesCounters[{j}].counters"), &u["counters"], causes);
+        }
+    }
+}
+
+fn too_many(field: &str, n: usize, max: usize) -> Cause {
+    Cause {
+        reason: "FieldValueTooMany",
+        field: field.to_owned(),
+        message: format!("Too many: {n}: must have at most {max} items"),
     }
 }
 
