@@ -17,6 +17,7 @@ use crate::sharing::{SharingMode, SharingSettings};
 const API: &str = "api-server";
 const PERMS: &str = "api-permissions";
 const SHARES: &str = "gpu-shares";
+const MIG: &str = "mig";
 
 /// A client whose every request gives up within a few seconds.
 pub fn doctor_client(cfg: &Config) -> Result<Client, Error> {
@@ -264,30 +265,94 @@ pub fn evaluate_sharing(sharing: &SharingSettings, slices: &[ResourceSlice]) -> 
     }
 }
 
-/// Check 8: how the GPUs are offered as published (needs the API server).
-pub async fn published_sharing(cfg: &Config, client: &Client) -> CheckResult {
+/// Dynamic MIG as published: whether the GPUs `[mig] dynamic` selects went out carved
+/// (counter sets), and which of them have MIG instances edra did not create (their counter
+/// set is published but the whole GPU is not).
+pub fn evaluate_mig(mig: &crate::mig::MigSettings, slices: &[ResourceSlice]) -> CheckResult {
+    if !mig.any() {
+        return CheckResult::pass(MIG, "static MIG: MIG devices are published as they exist ([mig] dynamic is empty)");
+    }
+    let devices: Vec<_> = slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect();
+    if devices.is_empty() {
+        return CheckResult::skip(MIG, "no devices of this node are published yet (see the agent's log)");
+    }
+    let sets: Vec<&str> =
+        slices.iter().flat_map(|s| s.spec.shared_counters.iter().flatten()).map(|c| c.name.as_str()).collect();
+    if sets.is_empty() {
+        return CheckResult::new(
+            MIG,
+            Status::Warn,
+            format!(
+                "[mig] dynamic selects GPUs but no counter set is published ({} devices, static): the API server \
+                 has no partitionable devices (its {} gate is off, it is older than Kubernetes 1.35 or serves \
+                 only v1beta1/v1beta2), or no selected GPU is a MIG-capable GPU in MIG mode",
+                devices.len(),
+                crate::mig::FEATURE_GATE
+            ),
+            format!(
+                "enable {} on kube-apiserver and kube-scheduler (on by default from 1.36) and restart edra; enable \
+                 MIG mode with `nvidia-smi -i <gpu> -mig 1`; the agent's log says which applies",
+                crate::mig::FEATURE_GATE
+            ),
+        );
+    }
+    let partly: Vec<String> = sets
+        .iter()
+        .filter_map(|set| set.strip_suffix("-counters"))
+        .filter(|gpu| !devices.iter().any(|d| d.name == *gpu))
+        .map(str::to_string)
+        .collect();
+    let mig_devices = devices.iter().filter(|d| d.consumes_counters.is_some()).count();
+    if partly.is_empty() {
+        CheckResult::pass(
+            MIG,
+            format!("{} GPUs published for dynamic MIG ({mig_devices} devices consume their counters)", sets.len()),
+        )
+    } else {
+        CheckResult::new(
+            MIG,
+            Status::Warn,
+            format!(
+                "{} GPUs published for dynamic MIG; {} carry MIG instances edra did not create: their space and \
+                 the whole GPU are not offered",
+                sets.len(),
+                partly.join(", ")
+            ),
+            "destroy those instances (nvidia-smi mig -dci, then -dgi) if nothing uses them; edra never does",
+        )
+    }
+}
+
+/// Check 8 and 9: how the GPUs are offered as published (needs the API server).
+pub async fn published_offers(cfg: &Config, client: &Client) -> (CheckResult, CheckResult) {
     let selector = format!("spec.nodeName={},spec.driver={}", cfg.node_name, cfg.driver_name);
     let listed = async {
         let api = client.discover_resource_api().await?;
         client.list_slices(api, &selector).await
     };
     match bounded("list ResourceSlices", listed).await {
-        Ok(list) => evaluate_sharing(&cfg.sharing, &list.items),
-        Err(e) => CheckResult::skip(SHARES, format!("cannot list this node's ResourceSlices: {e}")),
+        Ok(list) => (evaluate_sharing(&cfg.sharing, &list.items), evaluate_mig(&cfg.mig, &list.items)),
+        Err(e) => (
+            CheckResult::skip(SHARES, format!("cannot list this node's ResourceSlices: {e}")),
+            CheckResult::skip(MIG, format!("cannot list this node's ResourceSlices: {e}")),
+        ),
     }
 }
 
-/// Checks 6 to 8.
+/// Checks 6 to 9.
 pub async fn checks(cfg: &Config) -> Vec<CheckResult> {
     let (api, client) = api_server(cfg).await;
-    let (perms, sharing) = match &client {
-        Some(c) => (api_permissions(cfg, c).await, published_sharing(cfg, c).await),
+    let (perms, (sharing, mig)) = match &client {
+        Some(c) => (api_permissions(cfg, c).await, published_offers(cfg, c).await),
         None => (
             CheckResult::skip(PERMS, "the API server could not be reached (see api-server)"),
-            CheckResult::skip(SHARES, "the API server could not be reached (see api-server)"),
+            (
+                CheckResult::skip(SHARES, "the API server could not be reached (see api-server)"),
+                CheckResult::skip(MIG, "the API server could not be reached (see api-server)"),
+            ),
         ),
     };
-    vec![api, perms, sharing]
+    vec![api, perms, sharing, mig]
 }
 
 #[cfg(test)]

@@ -136,3 +136,44 @@ fn published_sharing_is_judged_against_the_configuration() {
     assert_eq!(r.status, Status::Pass);
     assert_eq!(evaluate_sharing(&shares, &[]).status, Status::Skip);
 }
+
+#[test]
+fn published_mig_is_judged_against_the_configuration() {
+    use crate::gpu::mig::Placement;
+    use crate::mig::{MigSettings, OwnedInstances};
+    use crate::publish::desired::{NodeIdentity, desired_slices};
+    let node = NodeIdentity { name: "n1".into(), uid: None };
+    let slices_of = |inv: &crate::inventory::Inventory| -> Vec<ResourceSlice> {
+        desired_slices(inv, &node, "gpu.edra.dev", 1)
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut s)| {
+                s.metadata.name = Some(format!("s{i}"));
+                s
+            })
+            .collect()
+    };
+    let dynamic = MigSettings { dynamic: crate::sharing::GpuSelection::All };
+    let inv = crate::mig::tests::inventory(2);
+    let carved = dynamic.published(&inv, &OwnedInstances::new(), true).inventory;
+    let r = evaluate_mig(&dynamic, &slices_of(&carved));
+    assert_eq!(
+        (r.status, r.detail.as_str()),
+        (Status::Pass, "2 GPUs published for dynamic MIG (52 devices consume their counters)")
+    );
+    let r = evaluate_mig(&dynamic, &slices_of(&inv));
+    assert_eq!(r.status, Status::Warn, "{r:?}");
+    assert!(r.detail.contains("no counter set is published") && r.fix.contains("DRAPartitionableDevices"), "{r:?}");
+    let mut foreign = inv.clone();
+    foreign.mig_gpus[1].instances.push(crate::mig::tests::instance(3, 19, 6, 1));
+    let carved = dynamic.published(&foreign, &OwnedInstances::new(), true).inventory;
+    let r = evaluate_mig(&dynamic, &slices_of(&carved));
+    assert_eq!(r.status, Status::Warn, "{r:?}");
+    assert!(r.detail.contains("gpu-1 carry MIG instances edra did not create"), "{r:?}");
+    let owned = OwnedInstances::from([(foreign.mig_gpus[1].uuid.clone(), Placement { start: 6, size: 1 })]);
+    let carved = dynamic.published(&foreign, &owned, true).inventory;
+    assert_eq!(evaluate_mig(&dynamic, &slices_of(&carved)).status, Status::Pass, "edra's own instance");
+    let r = evaluate_mig(&MigSettings::default(), &slices_of(&inv));
+    assert_eq!(r.status, Status::Pass);
+    assert_eq!(evaluate_mig(&dynamic, &[]).status, Status::Skip);
+}
