@@ -185,6 +185,13 @@ pub async fn run_signalling(
     let gpu_changes = preparer.gpu_change_counts();
     let mps_stats = preparer.mps_stats();
     let supervising = tokio::spawn(supervise_mps(preparer.clone(), config.mps.check_interval, shutdown.clone()));
+    let releasing = tokio::spawn(crate::prepare::stale::release_stale_claims(
+        preparer.clone(),
+        cluster.clone(),
+        config.node_name.clone(),
+        config.claims,
+        shutdown.clone(),
+    ));
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
@@ -229,7 +236,7 @@ pub async fn run_signalling(
         let _ = n.stopping();
     }
     let aborted = plugin.shutdown(config.shutdown_grace).await;
-    let tasks = [publishing, rediscovering, readiness, healing, supervising, listing_health, monitor.task];
+    let tasks = [publishing, rediscovering, readiness, healing, supervising, releasing, listing_health, monitor.task];
     for task in tasks.into_iter().chain(watchdog).chain(serving_metrics) {
         let _ = task.await;
     }

@@ -37,6 +37,12 @@ pub const HEALTH_PROBE_INTERVAL: DurationRange =
 /// `health.quiet_period`: from a second to a day.
 pub const HEALTH_QUIET_PERIOD: DurationRange =
     DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(86_400) };
+/// `claims.check_interval`: from every second to once a day.
+pub const CLAIMS_CHECK_INTERVAL: DurationRange =
+    DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(86_400) };
+/// `claims.release_after`: from at once to a week.
+pub const CLAIMS_RELEASE_AFTER: DurationRange =
+    DurationRange { min: Duration::ZERO, max: Duration::from_secs(7 * 86_400) };
 /// `health.ignored_xids`: XIDs are small numbers; NVML's "unknown" is 999.
 pub const XID: (u64, u64) = (1, 65_535);
 

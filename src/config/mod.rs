@@ -238,6 +238,8 @@ pub struct Config {
     pub mig: crate::mig::MigSettings,
     /// How GPU health is judged.
     pub health: HealthConfig,
+    /// How prepared claims that are gone from the API server are found and released.
+    pub claims: crate::prepare::stale::StaleSettings,
 }
 
 /// `[health]`: how GPU health events are judged and how often GPUs are probed.
@@ -477,6 +479,19 @@ impl Config {
                 bounds::duration_in(bounds::HEALTH_QUIET_PERIOD),
             ),
         };
+        let stale = crate::prepare::stale::StaleSettings::default();
+        let claims = crate::prepare::stale::StaleSettings {
+            check_interval: r.get(
+                "claims.check_interval",
+                stale.check_interval,
+                bounds::duration_in(bounds::CLAIMS_CHECK_INTERVAL),
+            ),
+            release_after: r.get(
+                "claims.release_after",
+                stale.release_after,
+                bounds::duration_in(bounds::CLAIMS_RELEASE_AFTER),
+            ),
+        };
         Config {
             file,
             node_name,
@@ -496,6 +511,7 @@ impl Config {
             sharing,
             mig,
             health,
+            claims,
         }
     }
 }

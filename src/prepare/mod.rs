@@ -22,6 +22,7 @@ pub mod locks;
 pub mod mps;
 pub mod plan;
 pub mod recover;
+pub mod stale;
 #[cfg(test)]
 mod tests;
 
@@ -830,6 +831,15 @@ impl Preparer {
 
     async fn unprepare_one(&self, claim: ClaimRef) -> Result<(), PrepareError> {
         let guard = self.inner.locks.lock(&claim.uid).await;
+        self.unprepare_locked(claim, guard).await
+    }
+
+    /// [`Self::unprepare_one`] with the claim's lock held.
+    async fn unprepare_locked(
+        &self,
+        claim: ClaimRef,
+        guard: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Result<(), PrepareError> {
         // The shared GPUs this release may put back: the claim's, or for a claim already
         // gone every GPU still time-sliced for shares (a put-back that failed).
         let gpu_locks = match self.inner.store.claim(&claim.uid)? {

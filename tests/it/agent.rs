@@ -17,3 +17,4 @@ mod publishing;
 mod shares;
 mod sharing;
 mod single;
+mod stale;

@@ -1,0 +1,81 @@
+//! Prepared claims that are gone from the API server (deleted while the node was down, an
+//! unprepare never sent) are released after they stay gone; claims that hold are kept, and
+//! so is everything while the API server cannot say.
+
+use std::time::Duration;
+
+use crate::support::agent::{Agent, CapturedLogs, Cluster, DRIVER, GPUS, NODE, WAIT, prepare_ok};
+use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
+
+/// Checked every second, released after a second of being gone.
+fn quick_checks() -> String {
+    format!("gpus = {GPUS}\n[claims]\ncheck_interval = \"1s\"\nrelease_after = \"1s\"\n")
+}
+
+fn reserved_claim(cluster: &Cluster, name: &str, device: &str) -> edra::plugin::ClaimRef {
+    cluster.put_claim(
+        ClaimBuilder::new("default", name)
+            .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, device))
+            .reserved_for_pod(&format!("pod-{name}"), &format!("00000000-0000-4000-8000-00000000000{}", name.len())),
+    )
+}
+
+async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_deleted_claim_is_released_and_its_gpu_prepared_for_another_while_held_claims_stay() {
+    let cluster = Cluster::start().await;
+    let (logs, _guard) = CapturedLogs::start();
+    let agent = Agent::start(cluster.fs(), cluster.config_with(NODE, &quick_checks())).await;
+    let gone = reserved_claim(&cluster, "gone", "gpu-0");
+    let held = reserved_claim(&cluster, "held", "gpu-1");
+    let mut v1 = agent.v1().await;
+    prepare_ok(&mut v1, &gone).await;
+    prepare_ok(&mut v1, &held).await;
+    let fs = cluster.fs();
+    cluster.server.delete_claim("default", "gone").expect("the claim existed");
+    wait_until("the gone claim's spec removed", || !fs.spec_file(&gone.uid).exists()).await;
+    assert!(fs.spec_file(&held.uid).exists(), "a claim still reserved is kept");
+    let text = logs.text();
+    assert!(
+        text.contains(&format!("released claim default/gone (UID {})", gone.uid))
+            && text.contains("the ResourceClaim no longer exists"),
+        "{text}"
+    );
+    // gpu-0 is free: a new claim for it is prepared (local accounting would refuse it otherwise).
+    let next = reserved_claim(&cluster, "next", "gpu-0");
+    prepare_ok(&mut v1, &next).await;
+    // Held claims stay held across further checks.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(fs.spec_file(&held.uid).exists() && fs.spec_file(&next.uid).exists());
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn nothing_is_released_while_the_api_server_cannot_say() {
+    let cluster = Cluster::start().await;
+    let agent = Agent::start(cluster.fs(), cluster.config_with(NODE, &quick_checks())).await;
+    let claim = reserved_claim(&cluster, "kept", "gpu-0");
+    let mut v1 = agent.v1().await;
+    prepare_ok(&mut v1, &claim).await;
+    cluster.server.stop().await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(cluster.fs().spec_file(&claim.uid).exists(), "an unreachable server proves nothing");
+    // Back, with the claim no longer reserved for any pod: released.
+    cluster.server.set_claim_status(
+        "default",
+        "kept",
+        serde_json::json!({"allocation": cluster.server.with_state(|s| s.claim("default", "kept"))
+            .expect("claim")["status"]["allocation"].clone()}),
+    );
+    cluster.server.restart().expect("restart the API server");
+    let fs = cluster.fs();
+    wait_until("the unreserved claim released", || !fs.spec_file(&claim.uid).exists()).await;
+    agent.stop().await;
+}
