@@ -293,12 +293,18 @@ pub fn profile_name(index: u32, slices: u32, memory_gb: u64) -> String {
 }
 
 /// GPU instance profile `index` of `dev`, `None` when the GPU does not offer it.
-fn profile_info(dev: &Device<'_>, uuid: &str, index: u32) -> Result<Option<nvml_wrapper::struct_wrappers::device::ProfileInfo>, MigError> {
+fn profile_info(
+    dev: &Device<'_>,
+    uuid: &str,
+    index: u32,
+) -> Result<Option<nvml_wrapper::struct_wrappers::device::ProfileInfo>, MigError> {
     const CALL: &str = "nvmlDeviceGetGpuInstanceProfileInfo";
     match dev.profile_info(index) {
         Ok(info) => Ok(Some(info)),
         Err(NvmlError::NotSupported | NvmlError::InvalidArg) => Ok(None),
-        Err(NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound) => Err(MigError::Unsupported { call: CALL }),
+        Err(NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound) => {
+            Err(MigError::Unsupported { call: CALL })
+        }
         Err(e) => Err(MigError::Nvml { call: CALL, uuid: uuid.to_string(), message: e.to_string() }),
     }
 }
@@ -342,7 +348,9 @@ impl NvmlBackend {
             Ok(mode) if mode.current == MIG_ENABLED => Ok(dev),
             Ok(_) | Err(NvmlError::NotSupported) => Err(MigError::MigModeOff { uuid: uuid.to_string() }),
             Err(NvmlError::FailedToLoadSymbol(_)) => Err(MigError::Unsupported { call: "nvmlDeviceGetMigMode" }),
-            Err(e) => Err(MigError::Nvml { call: "nvmlDeviceGetMigMode", uuid: uuid.to_string(), message: e.to_string() }),
+            Err(e) => {
+                Err(MigError::Nvml { call: "nvmlDeviceGetMigMode", uuid: uuid.to_string(), message: e.to_string() })
+            }
         }
     }
 

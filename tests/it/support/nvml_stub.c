@@ -960,6 +960,8 @@ int nvmlDeviceGetGpuInstanceRemainingCapacity(void *h, unsigned id, unsigned *co
     return SUCCESS;
 }
 
+/* Left out when built as a driver without GPU instance creation (STUB_NO_CREATE_GI). */
+#ifndef STUB_NO_CREATE_GI
 int nvmlDeviceCreateGpuInstanceWithPlacement(void *h, unsigned id, const placement_t *placement, void **out) {
     GPU_MIG("nvmlDeviceCreateGpuInstanceWithPlacement");
     if (placement == NULL || out == NULL) return ERR_INVALID_ARGUMENT;
@@ -997,6 +999,8 @@ int nvmlDeviceCreateGpuInstanceWithPlacement(void *h, unsigned id, const placeme
     *out = slot;
     return SUCCESS;
 }
+
+#endif
 
 int nvmlDeviceGetGpuInstances(void *h, unsigned id, void **out, unsigned *count) {
     GPU_MIG("nvmlDeviceGetGpuInstances");
