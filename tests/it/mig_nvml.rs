@@ -53,6 +53,18 @@ fn profile(gpu: &MigGpu, name: &str) -> MigProfile {
     gpu.capability.profiles.iter().find(|p| p.name == name).cloned().unwrap_or_else(|| panic!("profile {name}"))
 }
 
+/// What NVML says is left of profile `id` on GPU `uuid` (edra itself does not ask).
+fn remaining(backend: &NvmlBackend, uuid: &str, id: u32) -> u32 {
+    let dev = backend.nvml().device_by_uuid(uuid).expect("the GPU");
+    let lib = backend.nvml().lib();
+    let f = lib.nvmlDeviceGetGpuInstanceRemainingCapacity.as_ref().expect("the stand-in has the function");
+    let mut count = 0u32;
+    // SAFETY: the handle belongs to this loaded library; `count` is a valid out-pointer.
+    let rc = unsafe { f(dev.handle(), id, &mut count) };
+    assert_eq!(rc, 0, "nvmlDeviceGetGpuInstanceRemainingCapacity");
+    count
+}
+
 fn at(start: u32, size: u32) -> Placement {
     Placement { start, size }
 }
@@ -94,7 +106,11 @@ fn create_occupy_destroy_and_create_again() {
     let three = profile(&gpu0, "3g.40gb");
     let seven = profile(&gpu0, "7g.80gb");
 
+    let one = profile(&gpu0, "1g.10gb");
+    let left = |p: &MigProfile| remaining(&backend, &uuid(0), p.id);
+    assert_eq!((left(&three), left(&seven), left(&one)), (2, 1, 7));
     let first = mig.create_mig(&uuid(0), &three, at(0, 4)).expect("3g.40gb at 0");
+    assert_eq!((left(&three), left(&seven), left(&one)), (1, 0, 3));
     let second = mig.create_mig(&uuid(0), &three, at(4, 4)).expect("3g.40gb at 4");
     assert_eq!((first.placement, second.placement), (at(0, 4), at(4, 4)));
     assert_eq!((first.profile_id, first.ci), (9, Some(0)));
@@ -102,6 +118,7 @@ fn create_occupy_destroy_and_create_again() {
     let (u1, u2) = (first.uuid.clone().expect("MIG UUID"), second.uuid.clone().expect("MIG UUID"));
     assert!(u1.starts_with("MIG-") && u1 != u2, "{u1} {u2}");
 
+    assert_eq!((left(&three), left(&seven), left(&one)), (0, 0, 0));
     for taken in [at(0, 4), at(4, 4)] {
         let err = mig.create_mig(&uuid(0), &three, taken).expect_err("a third 3g.40gb does not fit");
         assert!(
