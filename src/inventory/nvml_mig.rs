@@ -56,11 +56,23 @@ impl Fail {
     fn into_mig(self, uuid: &str) -> MigError {
         match self {
             Fail::Missing(call) => MigError::Unsupported { call },
-            Fail::Code(call, rc) => {
-                MigError::Nvml { call, uuid: uuid.to_string(), message: NvmlError::from(rc).to_string() }
-            }
+            Fail::Code(call, rc) => MigError::Nvml { call, uuid: uuid.to_string(), message: describe(rc) },
         }
     }
+}
+
+/// NVML's error `rc` in words, with its number (nvml-wrapper 0.13 has no words for the
+/// codes above 22, which MIG calls return).
+fn describe(rc: nvmlReturn_t) -> String {
+    let text = match rc {
+        INSUFFICIENT_RESOURCES => "insufficient resources".to_string(),
+        sys::nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH => "argument version mismatch".to_string(),
+        sys::nvmlReturn_enum_NVML_ERROR_NOT_READY => "not ready".to_string(),
+        sys::nvmlReturn_enum_NVML_ERROR_GPU_NOT_FOUND => "GPU not found".to_string(),
+        sys::nvmlReturn_enum_NVML_ERROR_INVALID_STATE => "invalid state".to_string(),
+        _ => NvmlError::from(rc).to_string(),
+    };
+    format!("{text} (NVML error {rc})")
 }
 
 /// The function `sym` of the loaded library, or [`Fail::Missing`] naming it.
@@ -523,6 +535,16 @@ mod tests {
         assert_eq!(profile_name(sys::NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME, 1, 24), "1g.24gb-me");
         assert_eq!(profile_name(sys::NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME, 1, 24), "1g.24gb+me.all");
         assert_eq!(profile_name(sys::NVML_GPU_INSTANCE_PROFILE_7_SLICE, 7, 80), "7g.80gb");
+    }
+
+    #[test]
+    fn error_codes_in_words() {
+        assert_eq!(describe(INSUFFICIENT_RESOURCES), "insufficient resources (NVML error 23)");
+        assert_eq!(
+            describe(sys::nvmlReturn_enum_NVML_ERROR_IN_USE),
+            "operation cannot be performed because the GPU is currently in use (NVML error 19)"
+        );
+        assert!(describe(4242).ends_with("(NVML error 4242)"));
     }
 
     #[test]

@@ -230,6 +230,9 @@ fn injected_errors_name_the_call_and_leave_nothing_behind() {
     let made = mig.create_mig(&uuid(0), &three, at(4, 4)).expect("create");
     let err = mig.destroy_mig(&uuid(0), made.gi, made.ci).expect_err("GPU instance in use");
     assert!(matches!(err, MigError::Nvml { call: "nvmlGpuInstanceDestroy", .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.starts_with(&format!("NVML nvmlGpuInstanceDestroy failed for GPU {}: ", uuid(0))), "{text}");
+    assert!(text.ends_with("currently in use (NVML error 19)"), "{text}");
 
     // In discovery, a GPU whose MIG capability cannot be read is left out, not fatal.
     let stub = StubNvml::new(&format!(
