@@ -47,8 +47,10 @@
  * they are kept in "nvml_stub.mig" beside the library (or the "path" of a "migstate"
  * record), rewritten after every create and destroy and read again by every MIG call, one
  * line each: "<gpu uuid> <gi> <profile id> <start> <size> <ci or -1> <slot> <mig uuid>".
- * Removing the file is a reboot. "fail" records apply to these calls too (a GPU or compute
- * instance counts as its GPU).
+ * Removing the file is a reboot. Processes are not locked against each other: two creating
+ * at the same moment may lose one's line. "fail" records apply to these calls too (a GPU or
+ * compute instance counts as its GPU). Built with STUB_NO_CREATE_GI defined, the library
+ * lacks nvmlDeviceCreateGpuInstanceWithPlacement, as an old driver does.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
