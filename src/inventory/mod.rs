@@ -13,6 +13,7 @@ pub mod attributes;
 pub mod host;
 pub mod mock;
 pub mod nvml;
+pub mod nvml_mig;
 pub mod report;
 
 use std::collections::BTreeMap;

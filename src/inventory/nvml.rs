@@ -5,8 +5,13 @@
 //! GPUs afresh. A GPU in MIG mode with MIG devices is published as those devices instead
 //! of itself (static MIG). Facts NVML lacks come from sysfs and procfs under the
 //! configured roots. Every failing call is reported with the NVML function and the device.
+//! For a GPU in MIG mode, discovery also reads what it can be carved into and the MIG
+//! instances on it ([`super::nvml_mig`], which also creates and destroys them); a GPU whose
+//! MIG capability cannot be read is logged and left out of [`Inventory::mig_gpus`].
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
@@ -42,6 +47,8 @@ pub struct NvmlBackend {
     nvml: Nvml,
     library: String,
     paths: Paths,
+    /// (GPU, cause) of MIG capability failures already logged as warnings.
+    mig_warned: Mutex<BTreeSet<(String, String)>>,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -60,7 +67,7 @@ impl NvmlBackend {
             match Nvml::builder().lib_path(candidate.as_os_str()).init() {
                 Ok(nvml) => {
                     tracing::info!(%library, "NVML loaded");
-                    return Ok(Self { nvml, library, paths: cfg.paths.clone() });
+                    return Ok(Self { nvml, library, paths: cfg.paths.clone(), mig_warned: Mutex::default() });
                 }
                 Err(NvmlError::LibloadingError(e)) => {
                     tracing::debug!(%library, error = %e, "NVML library not loadable");
@@ -129,13 +136,16 @@ impl NvmlBackend {
         })
     }
 
-    /// The MIG devices of a GPU in MIG mode; empty when MIG is off or unsupported.
-    fn mig_devices(&self, dev: &nvml_wrapper::Device<'_>, gpu: &GpuFacts) -> Result<Vec<Device>, InventoryError> {
+    /// Whether a GPU is in MIG mode (false when MIG is unsupported).
+    fn mig_enabled(&self, dev: &nvml_wrapper::Device<'_>, gpu: &GpuFacts) -> Result<bool, InventoryError> {
         let label = format!("GPU {} ({})", gpu.index, gpu.uuid);
         let mode = optional("nvmlDeviceGetMigMode", &label, dev.mig_mode())?;
-        if mode.map(|m| m.current) != Some(MIG_ENABLED) {
-            return Ok(Vec::new());
-        }
+        Ok(mode.map(|m| m.current) == Some(MIG_ENABLED))
+    }
+
+    /// The MIG devices of a GPU in MIG mode.
+    fn mig_devices(&self, dev: &nvml_wrapper::Device<'_>, gpu: &GpuFacts) -> Result<Vec<Device>, InventoryError> {
+        let label = format!("GPU {} ({})", gpu.index, gpu.uuid);
         let max = required("nvmlDeviceGetMaxMigDeviceCount", &label, dev.mig_device_count())?;
         let mut out = Vec::new();
         for slot in 0..max {
@@ -222,7 +232,14 @@ impl DeviceBackend for NvmlBackend {
             let dev =
                 required("nvmlDeviceGetHandleByIndex_v2", &format!("GPU {index}"), self.nvml.device_by_index(index))?;
             let gpu = self.gpu_facts(&dev, index, &inv)?;
-            let migs = self.mig_devices(&dev, &gpu)?;
+            let mig = self.mig_enabled(&dev, &gpu)?;
+            let migs = if mig { self.mig_devices(&dev, &gpu)? } else { Vec::new() };
+            if mig {
+                match self.mig_gpu(&dev, &gpu.uuid, gpu.memory) {
+                    Ok(m) => inv.mig_gpus.push(m),
+                    Err(e) => self.warn_mig_once(&gpu.uuid, &e),
+                }
+            }
             if migs.is_empty() {
                 let mut device = gpu_device(&gpu, &self.paths.dev_root);
                 if let Some(bus_id) = &gpu.pci_bus_id {
@@ -234,8 +251,28 @@ impl DeviceBackend for NvmlBackend {
             }
         }
         inv.devices.sort_by(|a, b| a.name.cmp(&b.name));
-        tracing::debug!(devices = inv.devices.len(), "NVML discovery done");
+        tracing::debug!(devices = inv.devices.len(), mig_gpus = inv.mig_gpus.len(), "NVML discovery done");
         Ok(inv)
+    }
+
+    fn mig(&self) -> Option<&dyn crate::gpu::mig::MigControl> {
+        Some(self)
+    }
+}
+
+impl NvmlBackend {
+    /// Logs that a GPU's MIG capability could not be read, once per GPU and cause.
+    fn warn_mig_once(&self, uuid: &str, error: &crate::gpu::mig::MigError) {
+        let cause = error.to_string();
+        let first = match self.mig_warned.lock() {
+            Ok(mut seen) => seen.insert((uuid.to_string(), cause)),
+            Err(_) => true,
+        };
+        if first {
+            tracing::warn!(gpu = uuid, %error, "MIG capability not readable; the GPU gets no dynamic MIG devices");
+        } else {
+            tracing::debug!(gpu = uuid, %error, "MIG capability still not readable");
+        }
     }
 }
 

@@ -15,6 +15,7 @@ mod kube_client;
 mod layers;
 mod manifests;
 mod metrics;
+mod mig_nvml;
 mod packaging;
 mod plugin_grpc;
 mod runtime;

@@ -1,6 +1,9 @@
 //! NVIDIA's GPU instance profiles for the GPUs the mock backend emulates, as
 //! `nvidia-smi mig -lgip` and NVML report them: A100 40GB, A100 80GB and H100 80GB.
-//! Every one of them has 8 memory slices and 7 compute slices.
+//! Every one of them has 8 memory slices and 7 compute slices. Memory sizes differ a little
+//! between driver releases; these are the figures of NVIDIA's MIG user guide (A100 40GB:
+//! 4.75, 9.62, 19.50 and 39.25 GiB) and of recent drivers' `-lgip` output (A100 80GB,
+//! H100 80GB, whose `1g.20gb` has 26 multiprocessors, more than `1g.10gb`'s 16).
 
 use super::{MigCapability, MigProfile, Placement};
 
@@ -16,10 +19,10 @@ const WHOLE: &[u32] = &[0];
 
 const A100_40GB: &[Row] = &[
     ("7g.40gb", 0x4, 0, 7, 1, 98, 7, 5, 0, 1, 1, 40192, 8, WHOLE),
-    ("4g.20gb", 0x3, 5, 4, 1, 56, 4, 2, 0, 0, 0, 20096, 4, WHOLE),
-    ("3g.20gb", 0x2, 9, 3, 2, 42, 3, 2, 0, 0, 0, 20096, 4, THREE),
-    ("2g.10gb", 0x1, 14, 2, 3, 28, 2, 1, 0, 0, 0, 9984, 2, TWO),
-    ("1g.10gb", 0x9, 15, 1, 4, 14, 1, 1, 0, 0, 0, 9984, 2, ONE_WIDE),
+    ("4g.20gb", 0x3, 5, 4, 1, 56, 4, 2, 0, 0, 0, 19968, 4, WHOLE),
+    ("3g.20gb", 0x2, 9, 3, 2, 42, 3, 2, 0, 0, 0, 19968, 4, THREE),
+    ("2g.10gb", 0x1, 14, 2, 3, 28, 2, 1, 0, 0, 0, 9856, 2, TWO),
+    ("1g.10gb", 0x9, 15, 1, 4, 14, 1, 1, 0, 0, 0, 9856, 2, ONE_WIDE),
     ("1g.5gb", 0x0, 19, 1, 7, 14, 1, 0, 0, 0, 0, 4864, 1, ONE),
     ("1g.5gb+me", 0x7, 20, 1, 1, 14, 1, 1, 0, 1, 1, 4864, 1, ONE),
 ];
@@ -39,7 +42,7 @@ const H100_80GB: &[Row] = &[
     ("4g.40gb", 0x3, 5, 4, 1, 64, 4, 4, 0, 4, 0, 40448, 4, WHOLE),
     ("3g.40gb", 0x2, 9, 3, 2, 60, 3, 3, 0, 3, 0, 40448, 4, THREE),
     ("2g.20gb", 0x1, 14, 2, 3, 32, 2, 2, 0, 2, 0, 20096, 2, TWO),
-    ("1g.20gb", 0x9, 15, 1, 4, 16, 1, 1, 0, 1, 0, 20096, 2, ONE_WIDE),
+    ("1g.20gb", 0x9, 15, 1, 4, 26, 1, 1, 0, 1, 0, 20096, 2, ONE_WIDE),
     ("1g.10gb", 0x0, 19, 1, 7, 16, 1, 1, 0, 1, 0, 9984, 1, ONE),
     ("1g.10gb+me", 0x7, 20, 1, 1, 16, 1, 1, 0, 1, 1, 9984, 1, ONE),
 ];

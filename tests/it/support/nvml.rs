@@ -76,3 +76,29 @@ pub fn a100(index: u32, minor: u32, bus: &str, mig: bool) -> String {
         u8::from(mig)
     )
 }
+
+/// One GPU line of `nvml_stub.conf`: GPU `index` (minor `index`) called `name` with
+/// `mem_mib` MiB, in MIG mode when `mig`; `extra` is appended as more `key=value` fields.
+pub fn gpu(index: u32, name: &str, mem_mib: u64, mig: bool, extra: &str) -> String {
+    format!(
+        "gpu;uuid=GPU-00000000-0000-0000-0000-00000000000{index};name={name};brand=2;arch=7;minor={index};\
+         index={index};bus=00000000:{:02X}:00.0;mem={};sms=108;cc=8.0;mig={}{extra}\n",
+        0x10 + index,
+        mem_mib << 20,
+        u8::from(mig)
+    )
+}
+
+impl StubNvml {
+    /// A stand-in built with `define` set (a `#define` the stub's source tests, e.g.
+    /// `STUB_NO_CREATE_GI` for a driver without GPU instance creation).
+    pub fn variant(config: &str, define: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for the NVML stand-in");
+        let src = dir.path().join("variant.c");
+        std::fs::write(&src, format!("#define {define} 1\n#include \"{SOURCE}\"\n")).expect("write variant.c");
+        let library = dir.path().join("libnvidia-ml.so.1");
+        compile(&src, &library).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join("nvml_stub.conf"), config).expect("write nvml_stub.conf");
+        Self { dir, library }
+    }
+}

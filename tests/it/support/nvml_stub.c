@@ -35,6 +35,22 @@
  * "<uuid> <mode>" to "nvml_stub.modes" beside the library, and nvmlDeviceGetComputeMode
  * answers a GPU's last line there (none: 0, DEFAULT). MIG handles are refused with
  * NVML_ERROR_NOT_SUPPORTED.
+ *
+ * Dynamic MIG: a GPU whose "model" is a100-40gb, a100-80gb or h100-80gb (or, without the
+ * key, whose name holds "A100"/"H100" and whose memory is within 4 GiB of 40/80 GiB) has
+ * that model's GPU instance profiles ("model=none": no MIG support). GPU and compute
+ * instances are created, listed and destroyed with the NVML calls (placements, occupancy:
+ * an overlapping placement or a profile at its instance limit is INSUFFICIENT_RESOURCES;
+ * one compute instance per GPU instance here). A GPU instance with a compute instance is
+ * also a MIG device (nvmlDeviceGetMigDeviceHandleByIndex, its UUID, GI and CI IDs), next to
+ * the "mig" records, which take no placement. Instances outlive the process, as on a GPU:
+ * they are kept in "nvml_stub.mig" beside the library (or the "path" of a "migstate"
+ * record), rewritten after every create and destroy and read again by every MIG call, one
+ * line each: "<gpu uuid> <gi> <profile id> <start> <size> <ci or -1> <slot> <mig uuid>".
+ * Removing the file is a reboot. Processes are not locked against each other: two creating
+ * at the same moment may lose one's line. "fail" records apply to these calls too (a GPU or
+ * compute instance counts as its GPU). Built with STUB_NO_CREATE_GI defined, the library
+ * lacks nvmlDeviceCreateGpuInstanceWithPlacement, as an old driver does.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -42,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_DEVS 64
 #define MAX_FAILS 16
@@ -49,12 +66,15 @@
 #define ERR_UNINITIALIZED 1
 #define ERR_INVALID_ARGUMENT 2
 #define ERR_NOT_SUPPORTED 3
+#define ERR_NO_PERMISSION 4
 #define ERR_NOT_FOUND 6
 #define ERR_INSUFFICIENT_SIZE 7
 #define ERR_DRIVER_NOT_LOADED 9
 #define ERR_ARGUMENT_VERSION_MISMATCH 25
 #define ERR_TIMEOUT 10
 #define ERR_GPU_IS_LOST 15
+#define ERR_IN_USE 19
+#define ERR_INSUFFICIENT_RESOURCES 23
 #define DEFAULT_EVENTS 0xfULL
 
 struct dev {
@@ -64,6 +84,7 @@ struct dev {
     int cc_major, cc_minor;
     unsigned long long mem, memmb, ev_supported, ev_registered;
     int ev_given;
+    char model[16];
 };
 
 struct fail {
@@ -71,6 +92,19 @@ struct fail {
     int device;
     int code;
 };
+
+/* A GPU instance created through NVML, with at most one compute instance. */
+#define MAX_GIS 64
+struct gi {
+    int used, gpu; /* gpu: index into devs */
+    unsigned id, profile_id, start, size;
+    int has_ci;
+    unsigned ci_id;
+    int ci_token;  /* its address is the compute instance handle */
+    struct dev mig; /* the MIG device, when it has a compute instance */
+};
+static struct gi gis[MAX_GIS];
+static void sync_mig_state(void);
 
 typedef struct {
     char busIdLegacy[16];
@@ -97,7 +131,9 @@ static int cuda_version = 12040;
 static char modes_path[4200];
 static char events_path[4200];
 static char recovery_path[4200];
+static char mig_state_path[4200];
 static long events_offset;
+static int mig_state_given;
 
 static int failure(const char *call, const struct dev *d) {
     for (int i = 0; i < nfails; i++) {
@@ -117,9 +153,13 @@ static int failure(const char *call, const struct dev *d) {
     } while (0)
 
 static struct dev *handle(void *h) {
-    struct dev *d = h;
-    if (d < devs || d >= devs + ndevs || !d->used) return NULL;
-    return d;
+    for (int i = 0; i < ndevs; i++) {
+        if (h == &devs[i]) return devs[i].used ? &devs[i] : NULL;
+    }
+    for (int i = 0; i < MAX_GIS; i++) {
+        if (h == &gis[i].mig) return gis[i].used && gis[i].has_ci ? &gis[i].mig : NULL;
+    }
+    return NULL;
 }
 
 static int copy_str(char *out, unsigned len, const char *s) {
@@ -134,6 +174,13 @@ static void field(struct dev *d, struct fail *f, const char *kind, const char *k
     if (strcmp(kind, "driver") == 0) {
         if (!strcmp(key, "version")) snprintf(driver_version, sizeof driver_version, "%s", v);
         if (!strcmp(key, "cuda")) cuda_version = (int)n;
+        return;
+    }
+    if (strcmp(kind, "migstate") == 0) {
+        if (!strcmp(key, "path")) {
+            snprintf(mig_state_path, sizeof mig_state_path, "%s", v);
+            mig_state_given = 1;
+        }
         return;
     }
     if (f != NULL) {
@@ -164,6 +211,7 @@ static void field(struct dev *d, struct fail *f, const char *kind, const char *k
         d->ev_given = 1;
     }
     else if (!strcmp(key, "cc")) sscanf(v, "%d.%d", &d->cc_major, &d->cc_minor);
+    else if (!strcmp(key, "model")) snprintf(d->model, sizeof d->model, "%s", v);
 }
 
 static int load_config(void) {
@@ -177,9 +225,12 @@ static int load_config(void) {
     snprintf(modes_path, sizeof modes_path, "%.*snvml_stub.modes", (int)(slash + 1 - path), path);
     snprintf(events_path, sizeof events_path, "%.*snvml_stub.events", (int)(slash + 1 - path), path);
     snprintf(recovery_path, sizeof recovery_path, "%.*snvml_stub.recovery", (int)(slash + 1 - path), path);
+    snprintf(mig_state_path, sizeof mig_state_path, "%.*snvml_stub.mig", (int)(slash + 1 - path), path);
+    mig_state_given = 0;
     FILE *fp = fopen(path, "r");
     if (fp == NULL) return ERR_DRIVER_NOT_LOADED;
     memset(devs, 0, sizeof devs);
+    memset(gis, 0, sizeof gis);
     ndevs = ngpus = nfails = 0;
     char line[1024];
     while (fgets(line, sizeof line, fp) != NULL) {
@@ -198,7 +249,7 @@ static int load_config(void) {
         } else if (!strcmp(kind, "fail") && nfails < MAX_FAILS) {
             f = &fails[nfails++];
             f->device = -1;
-        } else if (strcmp(kind, "driver") != 0) {
+        } else if (strcmp(kind, "driver") != 0 && strcmp(kind, "migstate") != 0) {
             continue;
         }
         for (char *tok = strtok_r(NULL, ";", &save); tok != NULL; tok = strtok_r(NULL, ";", &save)) {
@@ -387,6 +438,13 @@ int nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned slot, void **out) {
             return SUCCESS;
         }
     }
+    sync_mig_state();
+    for (int i = 0; i < MAX_GIS; i++) {
+        if (gis[i].used && gis[i].has_ci && &devs[gis[i].gpu] == d && gis[i].mig.slot == (int)slot) {
+            *out = &gis[i].mig;
+            return SUCCESS;
+        }
+    }
     return ERR_NOT_FOUND;
 }
 
@@ -417,6 +475,13 @@ int nvmlDeviceGetHandleByUUID(const char *uuid, void **out) {
     for (int i = 0; i < ndevs; i++) {
         if (strcmp(devs[i].uuid, uuid) == 0) {
             *out = &devs[i];
+            return SUCCESS;
+        }
+    }
+    sync_mig_state();
+    for (int i = 0; i < MAX_GIS; i++) {
+        if (gis[i].used && gis[i].has_ci && strcmp(gis[i].mig.uuid, uuid) == 0) {
+            *out = &gis[i].mig;
             return SUCCESS;
         }
     }
@@ -569,5 +634,536 @@ int nvmlDeviceGetFieldValues(void *h, int count, field_value_t *values) {
         values[i].valueType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
         values[i].value = (unsigned long long)action;
     }
+    return SUCCESS;
+}
+
+/* ---- Dynamic MIG ------------------------------------------------------------------- */
+
+/*
+ * GPU instance profiles, from NVIDIA's published `nvidia-smi mig -lgip` and `-lgipp`
+ * figures (MIG user guide and driver output): memory in MiB is the GiB column times 1024,
+ * placements are a bit mask of the allowed start slices (bit n = start n).
+ */
+struct profile {
+    unsigned index, id, slices, instances, sms, ce, dec, enc, jpeg, ofa;
+    unsigned long long memmb;
+    unsigned size, starts;
+};
+
+#define STARTS_0_TO_6 0x7fu /* {0,1,2,3,4,5,6} */
+#define STARTS_EVEN 0x55u   /* {0,2,4,6} */
+#define STARTS_0_2_4 0x15u  /* {0,2,4} */
+#define STARTS_0_4 0x11u    /* {0,4} */
+#define STARTS_0 0x01u      /* {0} */
+
+/* A100-SXM4-40GB: 1g.5gb 4.75 GiB, 1g.10gb/2g.10gb 9.62, 3g/4g.20gb 19.50, 7g.40gb 39.25. */
+static const struct profile a100_40gb[] = {
+    /* idx   id sl inst  SM CE DEC ENC JPG OFA  MiB    size starts */
+    {0x0, 19, 1, 7, 14, 1, 0, 0, 0, 0, 4864, 1, STARTS_0_TO_6},  /* 1g.5gb */
+    {0x7, 20, 1, 1, 14, 1, 1, 0, 1, 1, 4864, 1, STARTS_0_TO_6},  /* 1g.5gb+me */
+    {0x9, 15, 1, 4, 14, 1, 1, 0, 0, 0, 9856, 2, STARTS_EVEN},    /* 1g.10gb */
+    {0x1, 14, 2, 3, 28, 2, 1, 0, 0, 0, 9856, 2, STARTS_0_2_4},   /* 2g.10gb */
+    {0x2, 9, 3, 2, 42, 3, 2, 0, 0, 0, 19968, 4, STARTS_0_4},     /* 3g.20gb */
+    {0x3, 5, 4, 1, 56, 4, 2, 0, 0, 0, 19968, 4, STARTS_0},       /* 4g.20gb */
+    {0x4, 0, 7, 1, 98, 7, 5, 0, 1, 1, 40192, 8, STARTS_0},       /* 7g.40gb */
+};
+
+/* A100-SXM4-80GB: 1g.10gb 9.50 GiB, 1g.20gb/2g.20gb 19.50, 3g/4g.40gb 39.25, 7g.80gb 78.75. */
+static const struct profile a100_80gb[] = {
+    {0x0, 19, 1, 7, 14, 1, 0, 0, 0, 0, 9728, 1, STARTS_0_TO_6},  /* 1g.10gb */
+    {0x7, 20, 1, 1, 14, 1, 1, 0, 1, 1, 9728, 1, STARTS_0_TO_6},  /* 1g.10gb+me */
+    {0x9, 15, 1, 4, 14, 1, 1, 0, 0, 0, 19968, 2, STARTS_EVEN},   /* 1g.20gb */
+    {0x1, 14, 2, 3, 28, 2, 1, 0, 0, 0, 19968, 2, STARTS_0_2_4},  /* 2g.20gb */
+    {0x2, 9, 3, 2, 42, 3, 2, 0, 0, 0, 40192, 4, STARTS_0_4},     /* 3g.40gb */
+    {0x3, 5, 4, 1, 56, 4, 2, 0, 0, 0, 40192, 4, STARTS_0},       /* 4g.40gb */
+    {0x4, 0, 7, 1, 98, 7, 5, 0, 1, 1, 80640, 8, STARTS_0},       /* 7g.80gb */
+};
+
+/* H100 80GB HBM3: 1g.10gb 9.75 GiB, 1g.20gb/2g.20gb 19.62, 3g/4g.40gb 39.50, 7g.80gb 79.25. */
+static const struct profile h100_80gb[] = {
+    {0x0, 19, 1, 7, 16, 1, 1, 0, 1, 0, 9984, 1, STARTS_0_TO_6},   /* 1g.10gb */
+    {0x7, 20, 1, 1, 16, 1, 1, 0, 1, 1, 9984, 1, STARTS_0_TO_6},   /* 1g.10gb+me */
+    {0x9, 15, 1, 4, 26, 1, 1, 0, 1, 0, 20096, 2, STARTS_EVEN},    /* 1g.20gb */
+    {0x1, 14, 2, 3, 32, 2, 2, 0, 2, 0, 20096, 2, STARTS_0_2_4},   /* 2g.20gb */
+    {0x2, 9, 3, 2, 60, 3, 3, 0, 3, 0, 40448, 4, STARTS_0_4},      /* 3g.40gb */
+    {0x3, 5, 4, 1, 64, 4, 4, 0, 4, 0, 40448, 4, STARTS_0},        /* 4g.40gb */
+    {0x4, 0, 7, 1, 132, 8, 7, 0, 7, 1, 81152, 8, STARTS_0},       /* 7g.80gb */
+};
+
+#define NPROFILES 7
+#define GI_PROFILE_INDEX_END 0x12u
+#define CI_PROFILE_INDEX_END 0x9u
+
+/* The profile table of a GPU (not a MIG device), or NULL when it has none. */
+static const struct profile *table_of(const struct dev *g) {
+    if (g == NULL || g->is_mig) return NULL;
+    if (!strcmp(g->model, "a100-40gb")) return a100_40gb;
+    if (!strcmp(g->model, "a100-80gb")) return a100_80gb;
+    if (!strcmp(g->model, "h100-80gb")) return h100_80gb;
+    if (g->model[0] != 0) return NULL;
+    unsigned long long gib = g->mem >> 30;
+    int near40 = gib >= 36 && gib <= 44, near80 = gib >= 76 && gib <= 84;
+    if (strstr(g->name, "A100") && near40) return a100_40gb;
+    if (strstr(g->name, "A100") && near80) return a100_80gb;
+    if (strstr(g->name, "H100") && near80) return h100_80gb;
+    return NULL;
+}
+
+static const struct profile *profile_by_id(const struct dev *g, unsigned id) {
+    const struct profile *t = table_of(g);
+    for (int i = 0; t != NULL && i < NPROFILES; i++) {
+        if (t[i].id == id) return &t[i];
+    }
+    return NULL;
+}
+
+static int gpu_index_of(const struct dev *g) {
+    for (int i = 0; i < ndevs; i++) {
+        if (&devs[i] == g) return i;
+    }
+    return -1;
+}
+
+static struct gi *gi_handle(void *h) {
+    for (int i = 0; i < MAX_GIS; i++) {
+        if (h == &gis[i]) return gis[i].used ? &gis[i] : NULL;
+    }
+    return NULL;
+}
+
+static struct gi *ci_handle(void *h) {
+    for (int i = 0; i < MAX_GIS; i++) {
+        if (h == &gis[i].ci_token) return gis[i].used && gis[i].has_ci ? &gis[i] : NULL;
+    }
+    return NULL;
+}
+
+static int overlaps(unsigned s1, unsigned n1, unsigned s2, unsigned n2) {
+    return s1 < s2 + n2 && s2 < s1 + n1;
+}
+
+/* Fills in the MIG device of a GPU instance that has a compute instance. */
+static void fill_mig_device(struct gi *g) {
+    const struct profile *p = profile_by_id(&devs[g->gpu], g->profile_id);
+    struct dev *m = &g->mig;
+    char uuid[96];
+    int slot = m->slot;
+    snprintf(uuid, sizeof uuid, "%s", m->uuid);
+    memset(m, 0, sizeof *m);
+    m->used = 1;
+    m->is_mig = 1;
+    m->parent = g->gpu;
+    m->slot = slot;
+    m->gi = g->id;
+    m->ci = g->ci_id;
+    snprintf(m->uuid, sizeof m->uuid, "%s", uuid);
+    m->sms = p ? p->sms : 0;
+    m->gislices = p ? p->slices : 0;
+    m->cislices = m->gislices;
+    m->memmb = p ? p->memmb : 0;
+    m->mem = m->memmb << 20;
+}
+
+static void write_mig_state(void) {
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", mig_state_path);
+    FILE *fp = fopen(tmp, "w");
+    if (fp == NULL) return;
+    for (int i = 0; i < MAX_GIS; i++) {
+        const struct gi *g = &gis[i];
+        if (!g->used) continue;
+        fprintf(fp, "%s %u %u %u %u %d %d %s\n", devs[g->gpu].uuid, g->id, g->profile_id, g->start, g->size,
+                g->has_ci ? (int)g->ci_id : -1, g->has_ci ? g->mig.slot : -1, g->has_ci ? g->mig.uuid : "-");
+    }
+    fclose(fp);
+    rename(tmp, mig_state_path);
+}
+
+/* Reads the state file: instances gone from it are forgotten, new ones are added; the
+ * ones that stay keep their handles. */
+static void sync_mig_state(void) {
+    struct gi fresh[MAX_GIS];
+    int n = 0;
+    memset(fresh, 0, sizeof fresh);
+    FILE *fp = fopen(mig_state_path, "r");
+    char line[512];
+    while (fp != NULL && n < MAX_GIS && fgets(line, sizeof line, fp) != NULL) {
+        char gpu[96], uuid[96];
+        unsigned id, profile, start, size;
+        int ci, slot;
+        if (sscanf(line, "%95s %u %u %u %u %d %d %95s", gpu, &id, &profile, &start, &size, &ci, &slot, uuid) != 8)
+            continue;
+        if (size == 0 || size > 8 || start > 8 - size || slot < -1 || slot > 6) continue;
+        struct gi *f = &fresh[n];
+        f->gpu = -1;
+        for (int i = 0; i < ndevs; i++) {
+            if (!devs[i].is_mig && devs[i].used && !strcmp(devs[i].uuid, gpu)) f->gpu = i;
+        }
+        if (f->gpu < 0 || profile_by_id(&devs[f->gpu], profile) == NULL) continue;
+        f->used = 1;
+        f->id = id;
+        f->profile_id = profile;
+        f->start = start;
+        f->size = size;
+        f->has_ci = ci >= 0;
+        f->ci_id = ci >= 0 ? (unsigned)ci : 0;
+        f->mig.slot = slot;
+        snprintf(f->mig.uuid, sizeof f->mig.uuid, "%s", f->has_ci ? uuid : "");
+        n++;
+    }
+    if (fp != NULL) fclose(fp);
+    int matched[MAX_GIS] = {0};
+    for (int i = 0; i < MAX_GIS; i++) {
+        struct gi *g = &gis[i];
+        if (!g->used) continue;
+        int keep = 0;
+        for (int j = 0; j < n && !keep; j++) {
+            struct gi *f = &fresh[j];
+            if (!matched[j] && f->gpu == g->gpu && f->id == g->id && f->profile_id == g->profile_id &&
+                f->start == g->start && f->has_ci == g->has_ci && f->ci_id == g->ci_id &&
+                (!g->has_ci || !strcmp(f->mig.uuid, g->mig.uuid))) {
+                matched[j] = keep = 1;
+            }
+        }
+        if (!keep) memset(g, 0, sizeof *g);
+    }
+    for (int j = 0; j < n; j++) {
+        if (matched[j]) continue;
+        for (int i = 0; i < MAX_GIS; i++) {
+            if (gis[i].used) continue;
+            gis[i] = fresh[j];
+            if (gis[i].has_ci) fill_mig_device(&gis[i]);
+            break;
+        }
+    }
+}
+
+#define GPU_MIG(call)                                        \
+    struct dev *d = handle(h);                               \
+    CHECK(call, d);                                          \
+    if (d == NULL || d->is_mig) return ERR_INVALID_ARGUMENT; \
+    sync_mig_state();
+
+#define GI(call)                                    \
+    struct gi *g = gi_handle(h);                    \
+    CHECK(call, g ? &devs[g->gpu] : NULL);          \
+    sync_mig_state();                               \
+    if (gi_handle(h) == NULL) return ERR_NOT_FOUND;
+
+typedef struct {
+    unsigned id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount, decoderCount,
+        encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} gi_profile_info_t;
+
+typedef struct {
+    unsigned start, size;
+} placement_t;
+
+typedef struct {
+    void *device;
+    unsigned id, profileId;
+    placement_t placement;
+} gi_info_t;
+
+typedef struct {
+    unsigned id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} ci_profile_info_t;
+
+typedef struct {
+    void *device, *gpuInstance;
+    unsigned id, profileId;
+    placement_t placement;
+} ci_info_t;
+
+int nvmlDeviceGetGpuInstanceProfileInfo(void *h, unsigned index, gi_profile_info_t *out) {
+    GPU_MIG("nvmlDeviceGetGpuInstanceProfileInfo");
+    if (out == NULL || index >= GI_PROFILE_INDEX_END) return ERR_INVALID_ARGUMENT;
+    const struct profile *t = table_of(d);
+    for (int i = 0; t != NULL && i < NPROFILES; i++) {
+        const struct profile *p = &t[i];
+        if (p->index != index) continue;
+        memset(out, 0, sizeof *out);
+        out->id = p->id;
+        out->sliceCount = p->slices;
+        out->instanceCount = p->instances;
+        out->multiprocessorCount = p->sms;
+        out->copyEngineCount = p->ce;
+        out->decoderCount = p->dec;
+        out->encoderCount = p->enc;
+        out->jpegCount = p->jpeg;
+        out->ofaCount = p->ofa;
+        out->memorySizeMB = p->memmb;
+        return SUCCESS;
+    }
+    return ERR_NOT_SUPPORTED;
+}
+
+int nvmlDeviceGetGpuInstancePossiblePlacements_v2(void *h, unsigned id, placement_t *out, unsigned *count) {
+    GPU_MIG("nvmlDeviceGetGpuInstancePossiblePlacements_v2");
+    if (count == NULL) return ERR_INVALID_ARGUMENT;
+    const struct profile *p = profile_by_id(d, id);
+    if (p == NULL) return table_of(d) ? ERR_INVALID_ARGUMENT : ERR_NOT_SUPPORTED;
+    unsigned n = 0;
+    for (unsigned s = 0; s < 32; s++) n += (p->starts >> s) & 1u;
+    if (out == NULL) {
+        *count = n;
+        return SUCCESS;
+    }
+    if (*count < n) {
+        *count = n;
+        return ERR_INSUFFICIENT_SIZE;
+    }
+    unsigned k = 0;
+    for (unsigned s = 0; s < 32; s++) {
+        if (!((p->starts >> s) & 1u)) continue;
+        out[k].start = s;
+        out[k].size = p->size;
+        k++;
+    }
+    *count = n;
+    return SUCCESS;
+}
+
+/* Why a GPU instance of profile p cannot be created at start now, or SUCCESS. */
+static int room_for(int gpu, const struct profile *p, unsigned start) {
+    unsigned same = 0;
+    for (int i = 0; i < MAX_GIS; i++) {
+        const struct gi *g = &gis[i];
+        if (!g->used || g->gpu != gpu) continue;
+        if (g->profile_id == p->id) same++;
+        if (overlaps(g->start, g->size, start, p->size)) return ERR_INSUFFICIENT_RESOURCES;
+    }
+    return same >= p->instances ? ERR_INSUFFICIENT_RESOURCES : SUCCESS;
+}
+
+int nvmlDeviceGetGpuInstanceRemainingCapacity(void *h, unsigned id, unsigned *count) {
+    GPU_MIG("nvmlDeviceGetGpuInstanceRemainingCapacity");
+    if (count == NULL) return ERR_INVALID_ARGUMENT;
+    const struct profile *p = profile_by_id(d, id);
+    if (p == NULL) return table_of(d) ? ERR_INVALID_ARGUMENT : ERR_NOT_SUPPORTED;
+    /* Memory slices taken, then placements that still fit, first fit from slice 0. */
+    unsigned taken = 0, same = 0, fits = 0;
+    for (int i = 0; i < MAX_GIS; i++) {
+        const struct gi *g = &gis[i];
+        if (!g->used || &devs[g->gpu] != d) continue;
+        taken |= ((1u << g->size) - 1u) << g->start;
+        if (g->profile_id == id) same++;
+    }
+    for (unsigned s = 0; s < 24; s++) {
+        unsigned mask = ((1u << p->size) - 1u) << s;
+        if (!((p->starts >> s) & 1u) || (taken & mask)) continue;
+        taken |= mask;
+        fits++;
+    }
+    unsigned left = p->instances > same ? p->instances - same : 0;
+    *count = fits < left ? fits : left;
+    return SUCCESS;
+}
+
+/* Left out when built as a driver without GPU instance creation (STUB_NO_CREATE_GI). */
+#ifndef STUB_NO_CREATE_GI
+int nvmlDeviceCreateGpuInstanceWithPlacement(void *h, unsigned id, const placement_t *placement, void **out) {
+    GPU_MIG("nvmlDeviceCreateGpuInstanceWithPlacement");
+    if (placement == NULL || out == NULL) return ERR_INVALID_ARGUMENT;
+    if (!d->mig_mode) return ERR_NOT_SUPPORTED;
+    const struct profile *p = profile_by_id(d, id);
+    if (p == NULL) return table_of(d) ? ERR_INVALID_ARGUMENT : ERR_NOT_SUPPORTED;
+    unsigned start = placement->start;
+    if (start >= 32 || !((p->starts >> start) & 1u) || placement->size != p->size) return ERR_INVALID_ARGUMENT;
+    int gpu = gpu_index_of(d);
+    int rc = room_for(gpu, p, start);
+    if (rc != SUCCESS) return rc;
+    struct gi *slot = NULL;
+    for (int i = 0; i < MAX_GIS && slot == NULL; i++) {
+        if (!gis[i].used) slot = &gis[i];
+    }
+    if (slot == NULL) return ERR_INSUFFICIENT_RESOURCES;
+    unsigned id_free = 1;
+    for (int again = 1; again;) {
+        again = 0;
+        for (int i = 0; i < MAX_GIS; i++) {
+            if (gis[i].used && gis[i].gpu == gpu && gis[i].id == id_free) {
+                id_free++;
+                again = 1;
+            }
+        }
+    }
+    memset(slot, 0, sizeof *slot);
+    slot->used = 1;
+    slot->gpu = gpu;
+    slot->id = id_free;
+    slot->profile_id = p->id;
+    slot->start = start;
+    slot->size = p->size;
+    write_mig_state();
+    *out = slot;
+    return SUCCESS;
+}
+
+#endif
+
+int nvmlDeviceGetGpuInstances(void *h, unsigned id, void **out, unsigned *count) {
+    GPU_MIG("nvmlDeviceGetGpuInstances");
+    if (out == NULL || count == NULL) return ERR_INVALID_ARGUMENT;
+    const struct profile *p = profile_by_id(d, id);
+    if (p == NULL) return table_of(d) ? ERR_INVALID_ARGUMENT : ERR_NOT_SUPPORTED;
+    unsigned n = 0;
+    for (int i = 0; i < MAX_GIS && n < p->instances; i++) {
+        if (gis[i].used && &devs[gis[i].gpu] == d && gis[i].profile_id == id) out[n++] = &gis[i];
+    }
+    *count = n;
+    return SUCCESS;
+}
+
+int nvmlDeviceGetGpuInstanceById(void *h, unsigned id, void **out) {
+    GPU_MIG("nvmlDeviceGetGpuInstanceById");
+    if (out == NULL) return ERR_INVALID_ARGUMENT;
+    for (int i = 0; i < MAX_GIS; i++) {
+        if (gis[i].used && &devs[gis[i].gpu] == d && gis[i].id == id) {
+            *out = &gis[i];
+            return SUCCESS;
+        }
+    }
+    return ERR_NOT_FOUND;
+}
+
+int nvmlGpuInstanceGetInfo(void *h, gi_info_t *out) {
+    GI("nvmlGpuInstanceGetInfo");
+    if (out == NULL) return ERR_INVALID_ARGUMENT;
+    out->device = &devs[g->gpu];
+    out->id = g->id;
+    out->profileId = g->profile_id;
+    out->placement.start = g->start;
+    out->placement.size = g->size;
+    return SUCCESS;
+}
+
+/* Compute slices of a compute instance profile index, 0 when it has none here. */
+static unsigned ci_slices(unsigned index) {
+    static const unsigned slices[] = {1, 2, 3, 4, 7, 0, 0, 0, 0};
+    return index < CI_PROFILE_INDEX_END ? slices[index] : 0;
+}
+
+int nvmlGpuInstanceGetComputeInstanceProfileInfo(void *h, unsigned index, unsigned eng, ci_profile_info_t *out) {
+    GI("nvmlGpuInstanceGetComputeInstanceProfileInfo");
+    if (out == NULL || index >= CI_PROFILE_INDEX_END || eng != 0) return ERR_INVALID_ARGUMENT;
+    const struct profile *p = profile_by_id(&devs[g->gpu], g->profile_id);
+    unsigned n = ci_slices(index);
+    if (p == NULL || n == 0 || n > p->slices) return ERR_NOT_SUPPORTED;
+    memset(out, 0, sizeof *out);
+    out->id = index;
+    out->sliceCount = n;
+    out->instanceCount = p->slices / n;
+    out->multiprocessorCount = p->sms * n / p->slices;
+    out->sharedCopyEngineCount = p->ce;
+    out->sharedDecoderCount = p->dec;
+    out->sharedEncoderCount = p->enc;
+    out->sharedJpegCount = p->jpeg;
+    out->sharedOfaCount = p->ofa;
+    return SUCCESS;
+}
+
+/* A fresh MIG UUID: made unique by the GPU, the instance, the time and the process. */
+static void new_mig_uuid(struct gi *g) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long x = 1469598103934665603ULL;
+    const char *u = devs[g->gpu].uuid;
+    for (; *u; u++) x = (x ^ (unsigned char)*u) * 1099511628211ULL;
+    unsigned long long mix[] = {g->id, g->start, g->ci_id, (unsigned long long)ts.tv_sec,
+                                (unsigned long long)ts.tv_nsec, (unsigned long long)getpid()};
+    for (unsigned i = 0; i < sizeof mix / sizeof mix[0]; i++) x = (x ^ mix[i]) * 1099511628211ULL;
+    unsigned long long y = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    snprintf(g->mig.uuid, sizeof g->mig.uuid, "MIG-%08x-%04x-%04x-%04x-%012llx", (unsigned)(x >> 32),
+             (unsigned)(x >> 16) & 0xffffu, (unsigned)x & 0xffffu, (unsigned)(y >> 48),
+             y & 0xffffffffffffULL);
+}
+
+int nvmlGpuInstanceCreateComputeInstance(void *h, unsigned profile, void **out) {
+    GI("nvmlGpuInstanceCreateComputeInstance");
+    if (out == NULL) return ERR_INVALID_ARGUMENT;
+    const struct profile *p = profile_by_id(&devs[g->gpu], g->profile_id);
+    unsigned n = ci_slices(profile);
+    if (p == NULL || n == 0 || n > p->slices) return ERR_NOT_SUPPORTED;
+    if (g->has_ci) return ERR_INSUFFICIENT_RESOURCES;
+    /* The MIG device's slot: the first one no MIG device of this GPU holds. */
+    int slot = -1;
+    for (int s = 0; s < 7 && slot < 0; s++) {
+        int taken = 0;
+        for (int i = 0; i < ndevs; i++) {
+            if (devs[i].used && devs[i].is_mig && devs[i].parent == g->gpu && devs[i].slot == s) taken = 1;
+        }
+        for (int i = 0; i < MAX_GIS; i++) {
+            if (gis[i].used && gis[i].has_ci && gis[i].gpu == g->gpu && gis[i].mig.slot == s) taken = 1;
+        }
+        if (!taken) slot = s;
+    }
+    if (slot < 0) return ERR_INSUFFICIENT_RESOURCES;
+    g->has_ci = 1;
+    g->ci_id = 0;
+    g->mig.slot = slot;
+    new_mig_uuid(g);
+    fill_mig_device(g);
+    write_mig_state();
+    *out = &g->ci_token;
+    return SUCCESS;
+}
+
+int nvmlGpuInstanceGetComputeInstances(void *h, unsigned profile, void **out, unsigned *count) {
+    GI("nvmlGpuInstanceGetComputeInstances");
+    if (out == NULL || count == NULL) return ERR_INVALID_ARGUMENT;
+    const struct profile *p = profile_by_id(&devs[g->gpu], g->profile_id);
+    unsigned n = ci_slices(profile);
+    if (p == NULL || n == 0 || n > p->slices) return ERR_NOT_SUPPORTED;
+    *count = 0;
+    if (g->has_ci && n == p->slices) {
+        out[0] = &g->ci_token;
+        *count = 1;
+    }
+    return SUCCESS;
+}
+
+int nvmlGpuInstanceGetComputeInstanceById(void *h, unsigned id, void **out) {
+    GI("nvmlGpuInstanceGetComputeInstanceById");
+    if (out == NULL) return ERR_INVALID_ARGUMENT;
+    if (!g->has_ci || g->ci_id != id) return ERR_NOT_FOUND;
+    *out = &g->ci_token;
+    return SUCCESS;
+}
+
+int nvmlComputeInstanceGetInfo_v2(void *h, ci_info_t *out) {
+    struct gi *g = ci_handle(h);
+    CHECK("nvmlComputeInstanceGetInfo_v2", g ? &devs[g->gpu] : NULL);
+    sync_mig_state();
+    if (ci_handle(h) == NULL) return ERR_NOT_FOUND;
+    if (out == NULL) return ERR_INVALID_ARGUMENT;
+    out->device = &g->mig;
+    out->gpuInstance = g;
+    out->id = g->ci_id;
+    out->profileId = g->mig.cislices == 7 ? 4 : g->mig.cislices - 1;
+    out->placement.start = 0;
+    out->placement.size = g->mig.cislices;
+    return SUCCESS;
+}
+
+int nvmlComputeInstanceDestroy(void *h) {
+    struct gi *g = ci_handle(h);
+    CHECK("nvmlComputeInstanceDestroy", g ? &devs[g->gpu] : NULL);
+    sync_mig_state();
+    if (ci_handle(h) == NULL) return ERR_NOT_FOUND;
+    g->has_ci = 0;
+    g->ci_id = 0;
+    memset(&g->mig, 0, sizeof g->mig);
+    write_mig_state();
+    return SUCCESS;
+}
+
+int nvmlGpuInstanceDestroy(void *h) {
+    GI("nvmlGpuInstanceDestroy");
+    if (g->has_ci) return ERR_IN_USE;
+    memset(g, 0, sizeof *g);
+    write_mig_state();
     return SUCCESS;
 }
