@@ -183,8 +183,11 @@ impl NvmlBackend {
             };
             out.push(mig_device(gpu, &facts, &self.paths.dev_root, self.cap_nodes(gpu.minor, gi, ci)));
         }
-        if out.is_empty() {
-            tracing::warn!(gpu = %label, "MIG mode is enabled but no MIG devices exist; publishing the whole GPU");
+        if out.is_empty() && self.first_time(&gpu.uuid, "no MIG devices") {
+            tracing::info!(
+                gpu = %label,
+                "MIG mode is enabled but no MIG devices exist: the whole GPU is published (unless [mig] dynamic selects it)"
+            );
         }
         Ok(out)
     }
@@ -234,17 +237,17 @@ impl DeviceBackend for NvmlBackend {
             let gpu = self.gpu_facts(&dev, index, &inv)?;
             let mig = self.mig_enabled(&dev, &gpu)?;
             let migs = if mig { self.mig_devices(&dev, &gpu)? } else { Vec::new() };
+            let mut device = gpu_device(&gpu, &self.paths.dev_root);
+            if let Some(bus_id) = &gpu.pci_bus_id {
+                device.device_nodes.extend(host::drm_nodes(&self.paths.sys_root, &self.paths.dev_root, bus_id));
+            }
             if mig {
-                match self.mig_gpu(&dev, &gpu.uuid, gpu.memory) {
+                match self.mig_gpu(&dev, &gpu.uuid, gpu.memory, device.clone()) {
                     Ok(m) => inv.mig_gpus.push(m),
                     Err(e) => self.warn_mig_once(&gpu.uuid, &e),
                 }
             }
             if migs.is_empty() {
-                let mut device = gpu_device(&gpu, &self.paths.dev_root);
-                if let Some(bus_id) = &gpu.pci_bus_id {
-                    device.device_nodes.extend(host::drm_nodes(&self.paths.sys_root, &self.paths.dev_root, bus_id));
-                }
                 inv.devices.push(device);
             } else {
                 inv.devices.extend(migs);
@@ -261,13 +264,17 @@ impl DeviceBackend for NvmlBackend {
 }
 
 impl NvmlBackend {
+    /// Whether `what` is said of GPU `uuid` for the first time (then it is remembered).
+    fn first_time(&self, uuid: &str, what: &str) -> bool {
+        match self.mig_warned.lock() {
+            Ok(mut seen) => seen.insert((uuid.to_string(), what.to_string())),
+            Err(_) => true,
+        }
+    }
+
     /// Logs that a GPU's MIG capability could not be read, once per GPU and cause.
     fn warn_mig_once(&self, uuid: &str, error: &crate::gpu::mig::MigError) {
-        let cause = error.to_string();
-        let first = match self.mig_warned.lock() {
-            Ok(mut seen) => seen.insert((uuid.to_string(), cause)),
-            Err(_) => true,
-        };
+        let first = self.first_time(uuid, &error.to_string());
         if first {
             tracing::warn!(gpu = uuid, %error, "MIG capability not readable; the GPU gets no dynamic MIG devices");
         } else {

@@ -125,7 +125,13 @@ impl NvmlBackend {
 
     /// What GPU `dev` (in MIG mode, `memory` bytes in all) can be carved into and the
     /// instances on it now.
-    pub(super) fn mig_gpu(&self, dev: &Device<'_>, uuid: &str, memory: u64) -> Result<MigGpu, MigError> {
+    pub(super) fn mig_gpu(
+        &self,
+        dev: &Device<'_>,
+        uuid: &str,
+        memory: u64,
+        whole: crate::inventory::Device,
+    ) -> Result<MigGpu, MigError> {
         let raw = self.raw();
         // SAFETY: the handle is only passed to NVML while `dev` (and its library) lives.
         let handle = unsafe { dev.handle() };
@@ -160,6 +166,7 @@ impl NvmlBackend {
             profiles.iter().flat_map(|p| &p.placements).map(|p| p.start.saturating_add(p.size)).max().unwrap_or(0);
         Ok(MigGpu {
             uuid: uuid.to_string(),
+            device: whole,
             capability: MigCapability { memory_slices, profiles },
             instances: instances(dev, &raw, uuid)?,
         })
