@@ -150,9 +150,13 @@ impl MigSettings {
         out
     }
 
-    /// The MIG device an allocation result names, when `name` is a (profile, placement) of
-    /// a GPU of `inv` selected for dynamic MIG and in MIG mode.
+    /// The device an allocation result names, when `name` is a (profile, placement) of a GPU
+    /// of `inv` selected for dynamic MIG and in MIG mode, or such a GPU itself (listed here
+    /// even while the last discovery still saw MIG devices on it).
     pub fn resolve(&self, inv: &Inventory, name: &str) -> Option<Device> {
+        if let Some(gpu) = self.carvable(inv).find(|g| g.device.name == name) {
+            return Some(gpu.device.clone());
+        }
         let (minor, profile_id, start) = parse_slot_name(name)?;
         let gpu = self.carvable(inv).find(|g| g.device.minor == minor)?;
         let profile = gpu.capability.profile(profile_id)?;
