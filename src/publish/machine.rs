@@ -240,7 +240,7 @@ impl Machine {
                 device = %gpu,
                 gi = i.gi,
                 placement = %i.placement,
-                "{gpu} has a MIG instance edra did not create (GPU instance {}, memory slices {}): edra leaves it \
+                "{gpu} has a MIG instance edra did not create (GPU instance {} at placement {}): edra leaves it \
                 alone and does not offer its memory slices, nor the whole GPU, until it is gone \
                 (nvidia-smi mig -dci -gi {} -i <gpu>; nvidia-smi mig -dgi -gi {} -i <gpu>)",
                 i.gi,
