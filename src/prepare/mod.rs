@@ -40,6 +40,7 @@ use crate::gpu::timeslice::{self, NvidiaSmi};
 use crate::gpu::{ChangeCounts, ComputeMode, ComputeModes, GpuError, Setting};
 use crate::inventory::Inventory;
 use crate::plugin::handler::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
+use crate::sharing::Enforcement;
 use crate::state::{ClaimRecord, GPU_CHANGE_SCHEMA, GpuChange, Phase, SCHEMA_VERSION, StateError, Store};
 use driver_files::DriverFilesCache;
 use locks::ClaimLocks;
@@ -308,6 +309,15 @@ pub enum PrepareError {
     /// The claim's MPS daemon could not be started or stopped.
     #[error("cannot run the claim's MPS control daemon")]
     Mps(#[source] crate::gpu::mps::MpsError),
+    /// The MPS daemon of a shared GPU could not be started or stopped.
+    #[error("cannot run the MPS control daemon of shared GPU {gpu} (sharing.enforcement = \"mps\")")]
+    SharedMps {
+        /// The GPU's device name.
+        gpu: String,
+        /// The cause.
+        #[source]
+        source: crate::gpu::mps::MpsError,
+    },
     /// An allocation result's share ID cannot be used.
     #[error(
         "the allocation of device {device} carries share ID {share_id:?}, which is not a lowercase RFC 4122 UUID as \
@@ -335,8 +345,10 @@ pub enum PrepareError {
     /// A sharing strategy asked for on a share of a GPU.
     #[error(
         "sharing strategy {strategy} (request {request}) cannot apply to {device}, a share of GPU {gpu} that other \
-         claims may use too: compute mode, time-slice and MPS daemon are settings of the whole GPU. Use Exclusive \
-         for shares, or request the whole GPU (no capacity request) to choose its strategy"
+         claims may use too: compute mode, time-slice and MPS daemon are settings of the whole GPU, and this node \
+         sets them for all shares of a GPU (sharing.enforcement = \"{enforcement}\": {what}). Use Exclusive for \
+         shares, or request the whole GPU (no capacity request) to choose its strategy",
+        what = enforcement_summary(enforcement)
     )]
     SharingOnShare {
         /// The strategy asked for.
@@ -347,6 +359,24 @@ pub enum PrepareError {
         device: String,
         /// The GPU.
         gpu: String,
+        /// The node's `sharing.enforcement`.
+        enforcement: &'static str,
+    },
+    /// Shares of two GPUs with MPS enforcement in one claim.
+    #[error(
+        "requests {first} and {second} hold shares of GPUs {first_gpu} and {second_gpu}, and this node runs one MPS \
+         daemon per shared GPU (sharing.enforcement = \"mps\"): a container talks to one MPS daemon, so a claim's \
+         shares must be of one GPU. Use one claim per GPU"
+    )]
+    MpsSharesOnTwoGpus {
+        /// The first request.
+        first: String,
+        /// Its GPU.
+        first_gpu: String,
+        /// The other request.
+        second: String,
+        /// Its GPU.
+        second_gpu: String,
     },
     /// TimeSlicing asked for on a MIG device.
     #[error(
@@ -590,6 +620,14 @@ impl Preparer {
         let devices: Vec<&crate::inventory::Device> = devices.iter().collect();
         let mut spec = cdi::build_spec(&layout, &record.uid, &devices, &files);
         mps::add_edits(&mut spec, record, &s.mps);
+        // Shares of GPUs whose shares run an MPS daemon (set by the GPU's first share).
+        let mut shared = Vec::new();
+        for share in enforced_shares(&record.devices) {
+            if !shared.contains(&share.gpu) && self.inner.store.mps_daemon(&shared_holder(&share.gpu))?.is_some() {
+                shared.push(share.gpu.clone());
+            }
+        }
+        mps::add_share_edits(&mut spec, record, &s.mps, &shared);
         let problems = cdi_validate::validate(&spec);
         if problems.is_empty() { Ok(spec) } else { Err(PrepareError::InvalidSpec { problems }) }
     }
@@ -639,7 +677,9 @@ impl Preparer {
         let mps_plan = plan::mps_plan(&devices, &inventory)?;
         // Before anything is recorded or changed: a missing binary leaves all as it was.
         self.check_nvidia_smi(&gpus)?;
-        if mps_plan.is_some() {
+        let shared_mps =
+            self.inner.settings.sharing.enforcement == Enforcement::Mps && enforced_shares(&devices).next().is_some();
+        if mps_plan.is_some() || shared_mps {
             self.inner.mps.check_binary().map_err(PrepareError::Mps)?;
         }
         let record = ClaimRecord {
@@ -685,7 +725,7 @@ impl Preparer {
         failpoint::hit("prepare-after-started");
         let finish = (|| {
             self.time_slice(&record.uid, gpus)?;
-            self.time_slice_shared(&record)?;
+            self.enforce_shared(&record)?;
             if let Some(p) = mps_plan {
                 self.start_mps(&record.uid, p)?;
             }
@@ -728,10 +768,11 @@ impl Preparer {
         Ok(record)
     }
 
-    /// Whether preparing `record` changes the settings of a shared GPU (`sharing.timeslice`
-    /// with an Exclusive share).
+    /// Whether preparing `record` may change the settings of a shared GPU
+    /// (`sharing.enforcement` with an Exclusive share).
     fn changes_shared_gpus(&self, record: &ClaimRecord) -> bool {
-        self.inner.settings.sharing.timeslice.is_some() && time_sliced_shares(record).next().is_some()
+        self.inner.settings.sharing.enforcement != Enforcement::None
+            && enforced_shares(&record.devices).next().is_some()
     }
 
     /// Fails with the reason when time-slicing `gpus` is asked for and `nvidia-smi` cannot
@@ -855,7 +896,7 @@ impl Preparer {
         let Some(rec) = store.claim(uid)? else {
             tracing::debug!(claim.uid = uid, "unprepare of an unknown claim; nothing to do");
             // A shared GPU whose last share went while putting it back failed.
-            return self.put_back_idle_shared_gpus().map(|_| ());
+            return self.put_back_idle_shared_gpus(None).map(|_| ());
         };
         cdi::remove_spec(&rec.cdi_spec_path).map_err(|source| PrepareError::Cdi {
             op: "remove",
@@ -867,55 +908,91 @@ impl Preparer {
         self.restore_gpus(uid)?;
         store.remove_claim(uid)?;
         failpoint::hit("unprepare-after-record-remove");
-        if rec.shares().next().is_some() {
-            self.put_back_idle_shared_gpus()?;
+        let gpus: Vec<String> = rec.shares().map(|(_, s)| s.gpu.clone()).collect();
+        if !gpus.is_empty() {
+            self.put_back_idle_shared_gpus(Some(&gpus))?;
         }
         tracing::info!(claim.uid = uid, phase = ?rec.phase, "claim unprepared");
         Ok(())
     }
 
-    /// Sets `sharing.timeslice` on the GPUs of `record`'s shares that do not carry it yet
-    /// (the first share of a GPU), each change recorded durably before it is made, held by
-    /// the GPU's shares ([`shared_holder`]) rather than by the claim. Shares whose claim
-    /// chose its own strategy (a whole-memory share) are left to it. The caller holds the
-    /// GPUs' locks ([`Preparer::lock_shared_gpus`]).
-    fn time_slice_shared(&self, record: &ClaimRecord) -> Result<(), PrepareError> {
-        let Some(interval) = self.inner.settings.sharing.timeslice else { return Ok(()) };
+    /// Applies `sharing.enforcement` to the GPUs of `record`'s shares: the first share of a
+    /// GPU sets it (time-slice, or EXCLUSIVE_PROCESS and the GPU's MPS daemon), each change
+    /// recorded durably before it is made and held by the GPU's shares ([`shared_holder`])
+    /// rather than by the claim; a later share reuses what its GPU has (its MPS daemon is
+    /// checked, and started again if it died). Shares whose claim chose its own strategy (a
+    /// whole-memory share) are left to it. The caller holds the GPUs' locks
+    /// ([`Preparer::lock_shared_gpus`]).
+    fn enforce_shared(&self, record: &ClaimRecord) -> Result<(), PrepareError> {
+        let enforcement = self.inner.settings.sharing.enforcement;
+        if enforcement == Enforcement::None {
+            return Ok(());
+        }
         let inventory = self.inner.inventory.borrow().clone();
         let changes = self.inner.store.gpu_changes()?;
-        let mut gpus: Vec<plan::TimeSlicedGpu> = Vec::new();
-        for share in time_sliced_shares(record) {
+        let interval = enforcement.timeslice().unwrap_or_default();
+        let (mut first, mut later): (Vec<plan::TimeSlicedGpu>, Vec<String>) = (Vec::new(), Vec::new());
+        for share in enforced_shares(&record.devices) {
             let Some(dev) = inventory.device(&share.gpu) else { continue };
             let holder = shared_holder(&share.gpu);
-            if changes.iter().any(|c| c.uuid == dev.uuid && c.claim == holder)
-                || gpus.iter().any(|g| g.uuid == dev.uuid)
-            {
+            if first.iter().any(|g| g.uuid == dev.uuid) || later.contains(&holder) {
                 continue;
             }
-            gpus.push(plan::TimeSlicedGpu { device: share.gpu.clone(), uuid: dev.uuid.clone(), interval });
+            if changes.iter().any(|c| c.uuid == dev.uuid && c.claim == holder) {
+                later.push(holder);
+            } else {
+                first.push(plan::TimeSlicedGpu { device: share.gpu.clone(), uuid: dev.uuid.clone(), interval });
+            }
         }
-        self.check_nvidia_smi(&gpus)?;
-        for g in gpus {
-            self.time_slice(&shared_holder(&g.device), std::slice::from_ref(&g))?;
+        match enforcement {
+            Enforcement::None => {}
+            Enforcement::TimeSlicing(_) => {
+                self.check_nvidia_smi(&first)?;
+                for g in first {
+                    self.time_slice(&shared_holder(&g.device), std::slice::from_ref(&g))?;
+                }
+            }
+            Enforcement::Mps => {
+                // What a GPU got from its first share stays until its last share is gone.
+                for holder in later {
+                    self.reuse_shared_mps(&holder)?;
+                }
+                for g in first {
+                    self.start_shared_mps(&g.device, &g.uuid)?;
+                }
+            }
         }
         Ok(())
     }
 
-    /// Puts back every GPU time-sliced for its shares that has no share left, then drops
-    /// its change record (blocking I/O); returns how many. Run after a claim with shares is
-    /// released and at recovery, so a crash between the two steps is finished later.
-    pub(crate) fn put_back_idle_shared_gpus(&self) -> Result<usize, PrepareError> {
+    /// Puts back every GPU changed for its shares that has no share left (of `gpus`, or of
+    /// all): stops its MPS daemon, restores its settings, then drops the daemon and change
+    /// records (blocking I/O); returns how many. Run after a claim with shares is released
+    /// and at recovery, so a crash between the steps is finished later. The caller holds
+    /// the GPUs' locks.
+    pub(crate) fn put_back_idle_shared_gpus(&self, gpus: Option<&[String]>) -> Result<usize, PrepareError> {
         let store = &self.inner.store;
+        let wanted = |gpu: &str| gpus.is_none_or(|list| list.iter().any(|g| g == gpu));
         let mut n = 0;
         for c in store.gpu_changes()? {
             let Some(gpu) = c.claim.strip_prefix(SHARED_HOLDER) else { continue };
-            if !store.shares_of(gpu)?.is_empty() {
+            if !wanted(gpu) || !store.shares_of(gpu)?.is_empty() {
                 continue;
             }
+            self.stop_mps(&c.claim)?;
             self.restore_gpus(&c.claim)?;
+            store.remove_mps_daemon(&c.claim)?;
             store.remove_gpu_change(&c.uuid, &c.claim)?;
             tracing::info!(gpu = %c.uuid, device = gpu, "no share of the GPU is left; its settings are put back");
             n += 1;
+        }
+        // A daemon record without its change record (dropped in between by a crash).
+        for d in store.mps_daemons()? {
+            let Some(gpu) = d.claim.strip_prefix(SHARED_HOLDER) else { continue };
+            if wanted(gpu) && store.shares_of(gpu)?.is_empty() {
+                self.stop_mps(&d.claim)?;
+                store.remove_mps_daemon(&d.claim)?;
+            }
         }
         Ok(n)
     }
@@ -924,7 +1001,7 @@ impl Preparer {
     /// claim's own lock, so two claims never wait on each other in opposite order), when
     /// edra changes shared GPUs' settings; none otherwise.
     async fn lock_shared_gpus(&self, devices: &[crate::state::DeviceRecord]) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
-        if self.inner.settings.sharing.timeslice.is_none() {
+        if self.inner.settings.sharing.enforcement == Enforcement::None {
             return Vec::new();
         }
         let gpus = devices.iter().filter_map(|d| d.share.as_ref()).map(|s| shared_holder(&s.gpu)).collect();
@@ -952,13 +1029,23 @@ pub(crate) fn shared_holder(gpu: &str) -> String {
     format!("{SHARED_HOLDER}{gpu}")
 }
 
-/// The shares of `record` that `sharing.timeslice` applies to: those whose claim keeps the
-/// Exclusive strategy (a whole-memory share with its own strategy is left to it).
-fn time_sliced_shares(record: &ClaimRecord) -> impl Iterator<Item = &crate::state::ShareRecord> {
-    record
-        .shares()
-        .filter(|(d, _)| d.config.sharing.strategy == crate::device_config::Strategy::Exclusive)
-        .map(|(_, s)| s)
+/// The shares among `devices` that `sharing.enforcement` applies to: those whose claim
+/// keeps the Exclusive strategy (a whole-memory share with its own strategy is left to it);
+/// admin access takes no share.
+fn enforced_shares(devices: &[crate::state::DeviceRecord]) -> impl Iterator<Item = &crate::state::ShareRecord> {
+    devices
+        .iter()
+        .filter(|d| !d.admin_access && d.config.sharing.strategy == crate::device_config::Strategy::Exclusive)
+        .filter_map(|d| d.share.as_ref())
+}
+
+/// What `sharing.enforcement` (by name) does to a shared GPU, for messages.
+fn enforcement_summary(name: &str) -> &'static str {
+    match name {
+        "mps" => "one MPS daemon serves all the GPU's shares, each share's pinned memory limited to its size",
+        "timeslicing" => "the GPU is time-sliced for all its shares",
+        _ => "accounting only, nothing is set on the GPU",
+    }
 }
 
 /// Wraps a GPU failure with what was being done to which GPU.

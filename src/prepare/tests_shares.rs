@@ -177,10 +177,12 @@ async fn bad_shares_fail_their_claim_only() {
     assert!(f.preparer.store().shares_of("gpu-0").unwrap().is_empty());
 }
 
-/// The fixture with `sharing.timeslice = Medium`; gpu-0's compute mode starts as
+/// The fixture with `sharing.timeslice = Medium` (timeslicing enforcement); gpu-0's compute mode starts as
 /// EXCLUSIVE_PROCESS so its put-back shows.
 fn time_sliced_fixture() -> Fixture {
-    let f = fixture().restart_with(|s| s.sharing.timeslice = Some(crate::device_config::Interval::Medium));
+    let f = fixture().restart_with(|s| {
+        s.sharing.enforcement = crate::sharing::Enforcement::TimeSlicing(crate::device_config::Interval::Medium)
+    });
     f.modes.set_compute_mode(GPU0, ComputeMode::ExclusiveProcess).unwrap();
     f
 }
