@@ -275,13 +275,24 @@ impl Preparer {
         rec.restarts = rec.restarts.saturating_add(1);
         let d = self.run_daemon(&mut rec)?;
         self.inner.mps_stats.restarts.fetch_add(1, Relaxed);
-        tracing::warn!(
-            holder = uid,
-            was = ?was.map(|(pid, _)| pid),
-            pid = d.pid,
-            restarts = rec.restarts,
-            "the claim's MPS control daemon was not running; started it again"
-        );
+        let was = was.map(|(pid, _)| pid);
+        if uid.starts_with(SHARED_HOLDER) {
+            tracing::warn!(
+                holder = uid,
+                ?was,
+                pid = d.pid,
+                restarts = rec.restarts,
+                "the shared GPU's MPS control daemon was not running; started it again"
+            );
+        } else {
+            tracing::warn!(
+                claim.uid = uid,
+                ?was,
+                pid = d.pid,
+                restarts = rec.restarts,
+                "the claim's MPS control daemon was not running; started it again"
+            );
+        }
         Ok(MpsCheck::Restarted(d))
     }
 
@@ -324,12 +335,12 @@ impl Preparer {
                     let mut map = retries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     let wait = map.get(uid).map_or(FIRST_RETRY, |(_, w)| (*w * 2).min(MAX_RETRY));
                     map.insert(uid.to_string(), (Instant::now() + wait, wait));
-                    tracing::error!(
-                        holder = uid,
-                        error = %crate::util::error_chain(&e),
-                        retry_in_s = wait.as_secs(),
-                        "cannot start the claim's MPS control daemon again; its pods cannot use the GPU until it runs"
-                    );
+                    let (error, retry_in_s) = (crate::util::error_chain(&e), wait.as_secs());
+                    if uid.starts_with(SHARED_HOLDER) {
+                        tracing::error!(holder = uid, %error, retry_in_s, "cannot start the shared GPU's MPS control daemon again; the pods of its shares cannot use the GPU until it runs");
+                    } else {
+                        tracing::error!(claim.uid = uid, %error, retry_in_s, "cannot start the claim's MPS control daemon again; its pods cannot use the GPU until it runs");
+                    }
                 }
             }
         }
