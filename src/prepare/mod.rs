@@ -677,10 +677,14 @@ impl Preparer {
         let mps_plan = plan::mps_plan(&devices, &inventory)?;
         // Before anything is recorded or changed: a missing binary leaves all as it was.
         self.check_nvidia_smi(&gpus)?;
-        let shared_mps =
-            self.inner.settings.sharing.enforcement == Enforcement::Mps && enforced_shares(&devices).next().is_some();
-        if mps_plan.is_some() || shared_mps {
+        if mps_plan.is_some() {
             self.inner.mps.check_binary().map_err(PrepareError::Mps)?;
+        }
+        if self.inner.settings.sharing.enforcement == Enforcement::Mps
+            && let Some(share) = enforced_shares(&devices).next()
+        {
+            let gpu = share.gpu.clone();
+            self.inner.mps.check_binary().map_err(|source| PrepareError::SharedMps { gpu, source })?;
         }
         let record = ClaimRecord {
             schema: SCHEMA_VERSION,

@@ -113,7 +113,10 @@ async fn a_daemon_that_fails_to_start_fails_the_first_share_and_leaves_the_gpu_a
     std::fs::remove_file(&f.mps.path).unwrap();
     let sets = f.modes.sets().len();
     let e = err(&f.preparer.prepare(vec![cref(UID1, "a")]).await, UID1);
-    assert!(e.contains("paths.mps_control"), "{e}");
+    assert!(
+        e.contains("cannot run the MPS control daemon of shared GPU gpu-0") && e.contains("paths.mps_control"),
+        "{e}"
+    );
     assert_eq!(f.modes.sets().len(), sets, "nothing was changed");
     assert!(store.claims().unwrap().is_empty());
 }
