@@ -79,7 +79,7 @@ pub(crate) fn daemon_id(holder: &str) -> String {
 
 /// The holder of the daemon whose directory is `name`: a claim UID, or a shared GPU's
 /// holder for `shared-gpu-0`; `None` for names edra does not make.
-fn holder_of_dir(name: &str) -> Option<String> {
+pub(super) fn holder_of_dir(name: &str) -> Option<String> {
     if cdi::is_valid_uid(name) {
         return Some(name.to_string());
     }

@@ -200,3 +200,30 @@ async fn strategies_on_a_share_and_shares_of_two_gpus_fail_their_claim_naming_th
     assert!(f.preparer.store().claims().unwrap().is_empty());
     assert!(f.mps.calls().is_empty() && f.modes.sets().len() == 1, "nothing was started or set");
 }
+
+#[test]
+fn shared_gpu_daemons_are_named_by_their_gpu_and_limits_are_whole_mib_rounded_down() {
+    use super::super::mps::{daemon_id, holder_of_dir, pinned_limit_env};
+    assert_eq!(daemon_id(HOLDER0), "shared-gpu-0");
+    assert_eq!(daemon_id(UID1), UID1, "a claim's daemon is named by its UID");
+    for (dir, holder) in [
+        ("shared-gpu-0", Some(HOLDER0)),
+        ("shared-gpu-12", Some("shared:gpu-12")),
+        (UID1, Some(UID1)),
+        ("shared-gpu-", None),
+        ("shared-gpu-0-mig-1g", None),
+        ("shared-../etc", None),
+        ("lost+found", None),
+    ] {
+        assert_eq!(holder_of_dir(dir).as_deref(), holder, "{dir}");
+    }
+    for (memory, env) in [
+        (20 << 30, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"),
+        ((20 << 30) + (1 << 20) - 1, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"),
+        (80 * 1000 * 1000 * 1000 / 3, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=25431M"),
+        // Never 0M (no share is that small: the smallest step is 1Mi).
+        (1, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1M"),
+    ] {
+        assert_eq!(pinned_limit_env(memory), env, "{memory}");
+    }
+}
