@@ -201,8 +201,26 @@ async fn shares_with_mps_enforcement_share_one_daemon_that_outlives_a_kill_of_ed
     unprepare_ok(&mut v1, &a).await;
     assert_eq!(start_time(pid), Some(started), "adopted, and kept for the share that is left");
     assert_eq!(mps.calls().iter().filter(|c| c.starts_with("-d")).count(), 1, "not started again");
+
+    // The daemon dies: supervision starts it again in the same directories.
+    // SAFETY: kill(2) on the stand-in daemon this test's agent started (checked alive above).
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let restarted = async {
+        loop {
+            let again = FakeMpsControl::pid_in(&dir).filter(|p| *p != pid && start_time(*p).is_some());
+            if let Some(again) = again
+                && child.stderr().contains("the shared GPU's MPS control daemon was not running; started it again")
+            {
+                return again;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let again = tokio::time::timeout(WAIT, restarted).await.expect("supervision starts the GPU's daemon again");
+    assert_eq!(mps.running_daemons(), [again]);
+
     unprepare_ok(&mut v1, &b).await;
-    assert_eq!(start_time(pid), None, "the last share's release stops it");
+    assert_eq!(start_time(again), None, "the last share's release stops it");
     assert_eq!(mps.calls().last().map(String::as_str), Some("quit"));
     assert!(!dir.exists() && mps.running_daemons().is_empty());
     child.terminate().await;
