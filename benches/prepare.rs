@@ -99,6 +99,66 @@ async fn shares() {
     println!("{}", ex_release.row("unprepare, a whole GPU (same run)"));
     println!();
     agent.stop();
+    mps_shares().await;
+}
+
+/// Shares measured with MPS enforcement.
+const MPS_SHARES: usize = 100;
+
+/// Shares with `sharing.enforcement = "mps"`: the first share of a GPU records and sets
+/// EXCLUSIVE_PROCESS and records and starts the GPU's daemon (the stand-in script, in its
+/// own mount namespace), its release quits it and puts the mode back; a later share only
+/// checks the running daemon (a /proc read) and adds the daemon's mounts and its limit to
+/// its spec. First shares go to gpu-4..7 (each alone there), later ones to gpu-0..3, which
+/// hold a 10Gi share (and so a running daemon) throughout. Needs root.
+async fn mps_shares() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("## Shares with MPS enforcement: skipped (an MPS daemon's own mount namespace needs root)\n");
+        return;
+    }
+    let settings =
+        SiteSettings { gpus: 8, rate_limit: UNLIMITED, layout: Layout::Production, ..SiteSettings::default() };
+    let site = Site::new(Options::default(), settings).await;
+    let control =
+        support::mps::FakeMpsControl::install(&site.config.paths.driver_root.join("usr/bin/nvidia-cuda-mps-control"));
+    let mut config = site.config.clone();
+    config.sharing.enforcement = edra::sharing::Enforcement::Mps;
+    let agent = InProcessAgent::start(config).await;
+    site.wait_published(8, Duration::from_secs(30)).await;
+    common::register(&site.registration_socket()).await;
+    let mut client = support::kubelet::dra_v1(&site.dra_socket()).await;
+    let held: Vec<_> = (0..4).map(|g| site.claim_share(&format!("held{g}"), &format!("gpu-{g}"), "10Gi")).collect();
+    prepare(&mut client, held.clone()).await;
+    let (mut first_prep, mut first_release) = (Samples::default(), Samples::default());
+    let (mut later_prep, mut later_release) = (Samples::default(), Samples::default());
+    let warmup = 5;
+    for k in 0..(warmup + MPS_SHARES) {
+        let first = site.claim_share(&format!("first{k}"), &format!("gpu-{}", 4 + k % 4), "20Gi");
+        let later = site.claim_share(&format!("later{k}"), &format!("gpu-{}", k % 4), "20Gi");
+        let (p, u) = (prepare(&mut client, vec![first.clone()]).await, unprepare(&mut client, vec![first]).await);
+        let (q, v) = (prepare(&mut client, vec![later.clone()]).await, unprepare(&mut client, vec![later]).await);
+        if k >= warmup {
+            first_prep.push(p);
+            first_release.push(u);
+            later_prep.push(q);
+            later_release.push(v);
+        }
+    }
+    unprepare(&mut client, held).await;
+    let starts = control.calls().iter().filter(|c| c.starts_with("-d")).count();
+    assert_eq!(starts, 4 + warmup + MPS_SHARES, "one daemon per first share, none for later shares");
+    println!(
+        "## Shares with MPS enforcement ({MPS_SHARES} first shares of a GPU, interleaved with as many later shares of \
+         GPUs whose daemon runs; stand-in daemon; mock GPUs = 8, rate limit lifted)\n"
+    );
+    println!("{}", latency_header());
+    println!("{}", first_prep.row("prepare, first share (daemon start)"));
+    println!("{}", later_prep.row("prepare, later share (daemon reused)"));
+    println!("{}", first_release.row("unprepare, last share (daemon quit)"));
+    println!("{}", later_release.row("unprepare, a share (daemon kept)"));
+    println!();
+    agent.stop();
 }
 
 /// Claims measured in the MPS section.

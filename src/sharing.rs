@@ -14,8 +14,10 @@
 //! - **Exclusive**: the GPU as one device, one claim at a time.
 //!
 //! MIG devices are always exclusive. Sharing is accounting: the scheduler and edra's state
-//! keep the sum of the shares within the GPU's memory, but nothing in the hardware stops a
-//! process from using more (docs/sharing.md says what each mode isolates).
+//! keep the sum of the shares within the GPU's memory. `sharing.enforcement` adds what edra
+//! sets on a shared GPU while it has shares: nothing (`none`), a time-slice
+//! (`timeslicing`), or one MPS daemon per GPU with each share's pinned memory limited
+//! (`mps`); docs/sharing.md says what each mode isolates.
 
 use crate::inventory::{AttributeValue, Device, DeviceKind, Inventory};
 
@@ -71,9 +73,41 @@ pub struct SharingSettings {
     pub replicas: u32,
     /// What shares become on a server without consumable capacity.
     pub fallback: Fallback,
-    /// The time-slice a shared GPU runs with while shares of it are prepared (compute mode
-    /// DEFAULT); `None` leaves the GPU's settings alone.
-    pub timeslice: Option<crate::device_config::Interval>,
+    /// What edra does to a shared GPU while shares of it are prepared.
+    pub enforcement: Enforcement,
+}
+
+/// `sharing.enforcement`: what edra sets on a shared GPU from its first share to its last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Enforcement {
+    /// Nothing: accounting only.
+    #[default]
+    None,
+    /// Compute mode DEFAULT and this time-slice (`sharing.timeslice`); still accounting
+    /// only for memory.
+    TimeSlicing(crate::device_config::Interval),
+    /// One MPS control daemon per shared GPU (compute mode EXCLUSIVE_PROCESS), each share's
+    /// pinned device memory limited to its consumed memory.
+    Mps,
+}
+
+impl Enforcement {
+    /// The configuration value: `none`, `timeslicing` or `mps`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Enforcement::None => "none",
+            Enforcement::TimeSlicing(_) => "timeslicing",
+            Enforcement::Mps => "mps",
+        }
+    }
+
+    /// The time-slice, in timeslicing enforcement.
+    pub fn timeslice(self) -> Option<crate::device_config::Interval> {
+        match self {
+            Enforcement::TimeSlicing(i) => Some(i),
+            _ => None,
+        }
+    }
 }
 
 impl Default for SharingSettings {
@@ -84,7 +118,7 @@ impl Default for SharingSettings {
             memory_step: 1 << 30,
             replicas: 4,
             fallback: Fallback::Exclusive,
-            timeslice: None,
+            enforcement: Enforcement::None,
         }
     }
 }

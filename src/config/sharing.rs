@@ -1,14 +1,15 @@
 //! `[sharing]`: how full GPUs are offered to claims — as shares of their memory
-//! (consumable capacity), as replicas, or whole.
+//! (consumable capacity), as replicas, or whole — and what edra enforces on a shared GPU
+//! (`enforcement`, with `timeslice` for timeslicing).
 
 use super::bounds;
 use super::source::{Raw, Reader, bytes, string, string_list};
 use crate::device_config::Interval;
-use crate::sharing::{Fallback, GpuSelection, SharingMode, SharingSettings};
+use crate::sharing::{Enforcement, Fallback, GpuSelection, SharingMode, SharingSettings};
 
 pub(super) fn read_sharing(r: &mut Reader) -> SharingSettings {
     let d = SharingSettings::default();
-    SharingSettings {
+    let mut settings = SharingSettings {
         mode: r.get("sharing.mode", d.mode, |raw| match string(raw)?.as_str() {
             "shares" => Ok(SharingMode::Shares),
             "replicas" => Ok(SharingMode::Replicas),
@@ -32,14 +33,75 @@ pub(super) fn read_sharing(r: &mut Reader) -> SharingSettings {
             "replicas" => Ok(Fallback::Replicas),
             other => Err(format!("expected exclusive or replicas, found {other:?}")),
         }),
-        timeslice: r.opt("sharing.timeslice", |raw: &Raw| match string(raw)?.as_str() {
-            "Default" => Ok(Interval::Default),
-            "Short" => Ok(Interval::Short),
-            "Medium" => Ok(Interval::Medium),
-            "Long" => Ok(Interval::Long),
-            other => Err(format!("expected Default, Short, Medium or Long, found {other:?}")),
-        }),
+        enforcement: Enforcement::None,
+    };
+    settings.enforcement = enforcement(r, settings.mode);
+    settings
+}
+
+/// The given enforcement, as written.
+#[derive(Clone, Copy)]
+enum Given {
+    None,
+    TimeSlicing,
+    Mps,
+}
+
+/// `sharing.enforcement` with `sharing.timeslice`: `timeslice` alone means timeslicing with
+/// that interval (as before `enforcement` existed); `timeslicing` alone uses `Default`;
+/// contradictions are problems naming both keys.
+fn enforcement(r: &mut Reader, mode: SharingMode) -> Enforcement {
+    let given = r.opt("sharing.enforcement", |raw: &Raw| match string(raw)?.as_str() {
+        "none" => Ok(Given::None),
+        "timeslicing" => Ok(Given::TimeSlicing),
+        "mps" => Ok(Given::Mps),
+        other => Err(format!("expected none, timeslicing or mps, found {other:?}")),
+    });
+    let interval = r.opt("sharing.timeslice", |raw: &Raw| match string(raw)?.as_str() {
+        "Default" => Ok(Interval::Default),
+        "Short" => Ok(Interval::Short),
+        "Medium" => Ok(Interval::Medium),
+        "Long" => Ok(Interval::Long),
+        other => Err(format!("expected Default, Short, Medium or Long, found {other:?}")),
+    });
+    let origin = r.origin_of("sharing.enforcement");
+    let enforcement = match (given, interval) {
+        (None, None) | (Some(Given::None), None) => return Enforcement::None,
+        (None, Some(i)) => Enforcement::TimeSlicing(i),
+        (Some(Given::TimeSlicing), i) => Enforcement::TimeSlicing(i.unwrap_or_default()),
+        (Some(Given::Mps), None) => Enforcement::Mps,
+        (Some(Given::None), Some(_)) => {
+            r.problem(
+                "sharing.enforcement",
+                origin,
+                "is \"none\" but sharing.timeslice is set, which time-slices shared GPUs; remove sharing.timeslice, \
+                 or set sharing.enforcement = \"timeslicing\"",
+            );
+            return Enforcement::None;
+        }
+        (Some(Given::Mps), Some(_)) => {
+            r.problem(
+                "sharing.enforcement",
+                origin,
+                "is \"mps\" but sharing.timeslice is set: a GPU served by an MPS daemon runs in compute mode \
+                 EXCLUSIVE_PROCESS and is not time-sliced; remove sharing.timeslice, or set sharing.enforcement = \
+                 \"timeslicing\"",
+            );
+            return Enforcement::None;
+        }
+    };
+    if mode == SharingMode::Exclusive && given.is_some() {
+        r.problem(
+            "sharing.enforcement",
+            origin,
+            format!(
+                "is {:?} but sharing.mode is \"exclusive\", so no GPU is shared; remove sharing.enforcement, or set \
+                 sharing.mode to \"shares\" or \"replicas\"",
+                enforcement.name()
+            ),
+        );
     }
+    enforcement
 }
 
 /// `["*"]` (every full GPU) or device names (`gpu-0`) and UUIDs (`GPU-...`).

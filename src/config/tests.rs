@@ -361,3 +361,36 @@ fn mig_is_static_unless_gpus_are_selected_for_dynamic_mig() {
         assert!(p.contains(want), "{value}: {p}");
     }
 }
+
+#[test]
+fn sharing_enforcement_keeps_timeslice_alone_as_timeslicing_and_refuses_contradictions() {
+    use crate::device_config::Interval;
+    use crate::sharing::Enforcement;
+    let load = |text: &str| Config::load(&ctx(Some(write(text).path().into()), &[]));
+    let enforcement = |text: &str| load(text).unwrap().sharing.enforcement;
+    assert_eq!(enforcement(""), Enforcement::None);
+    assert_eq!(enforcement("[sharing]\nenforcement = \"none\"\n"), Enforcement::None);
+    // A configuration from before `enforcement` keeps its meaning.
+    assert_eq!(enforcement("[sharing]\ntimeslice = \"Medium\"\n"), Enforcement::TimeSlicing(Interval::Medium));
+    assert_eq!(enforcement("[sharing]\nenforcement = \"timeslicing\"\n"), Enforcement::TimeSlicing(Interval::Default));
+    assert_eq!(
+        enforcement("[sharing]\nenforcement = \"timeslicing\"\ntimeslice = \"Long\"\n"),
+        Enforcement::TimeSlicing(Interval::Long)
+    );
+    assert_eq!(enforcement("[sharing]\nenforcement = \"mps\"\nmode = \"replicas\"\n"), Enforcement::Mps);
+    let cases = [
+        ("[sharing]\nenforcement = \"mps\"\ntimeslice = \"Short\"\n", "is \"mps\" but sharing.timeslice is set"),
+        ("[sharing]\nenforcement = \"none\"\ntimeslice = \"Short\"\n", "is \"none\" but sharing.timeslice is set"),
+        ("[sharing]\nenforcement = \"mps\"\nmode = \"exclusive\"\n", "so no GPU is shared"),
+        ("[sharing]\nenforcement = \"MPS\"\n", "expected none, timeslicing or mps, found \"MPS\""),
+    ];
+    for (text, want) in cases {
+        let problems = load(text).unwrap_err();
+        assert_eq!(problems.len(), 1, "{text}: {problems:?}");
+        let p = problems[0].to_string();
+        assert!(p.contains("sharing.enforcement") && p.contains(want), "{text}: {p}");
+    }
+    // From the environment too.
+    let cfg = Config::load(&ctx(None, &[("EDRA_SHARING_ENFORCEMENT", "mps")])).unwrap();
+    assert_eq!(cfg.sharing.enforcement, Enforcement::Mps);
+}

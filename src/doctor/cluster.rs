@@ -245,10 +245,15 @@ pub fn evaluate_sharing(sharing: &SharingSettings, slices: &[ResourceSlice]) -> 
         SharingMode::Exclusive => {
             CheckResult::pass(SHARES, format!("sharing.mode is exclusive: {} devices, one claim each", devices.len()))
         }
-        SharingMode::Replicas => CheckResult::pass(SHARES, format!("{replicas} replica devices published")),
+        SharingMode::Replicas => {
+            CheckResult::pass(SHARES, format!("{replicas} replica devices published{}", enforced(sharing)))
+        }
         SharingMode::Shares if shareable > 0 => CheckResult::pass(
             SHARES,
-            format!("{shareable} GPUs published as shareable (consumable capacity; claims ask for memory)"),
+            format!(
+                "{shareable} GPUs published as shareable (consumable capacity; claims ask for memory){}",
+                enforced(sharing)
+            ),
         ),
         SharingMode::Shares => CheckResult::new(
             SHARES,
@@ -320,6 +325,20 @@ pub fn evaluate_mig(mig: &crate::mig::MigSettings, slices: &[ResourceSlice]) -> 
             ),
             "destroy those instances (nvidia-smi mig -dci, then -dgi) if nothing uses them; edra never does",
         )
+    }
+}
+
+/// What a shared GPU gets from edra, after the published figures: nothing for
+/// `sharing.enforcement = "none"`.
+fn enforced(sharing: &SharingSettings) -> String {
+    match sharing.enforcement {
+        crate::sharing::Enforcement::None => String::new(),
+        crate::sharing::Enforcement::TimeSlicing(i) => {
+            format!("; sharing.enforcement = timeslicing: a shared GPU is time-sliced ({i:?}) while it has shares")
+        }
+        crate::sharing::Enforcement::Mps => "; sharing.enforcement = mps: a shared GPU runs one MPS daemon while it \
+                                             has shares, each share's pinned memory limited"
+            .to_string(),
     }
 }
 

@@ -130,8 +130,22 @@ fn published_sharing_is_judged_against_the_configuration() {
     assert!(r.detail.contains("drops consumable capacity") && r.fix.contains("DRAConsumableCapacity"), "{r:?}");
     let r = evaluate_sharing(&shares, std::slice::from_ref(&replicas));
     assert!(r.status == Status::Warn && r.detail.contains("2 of them replicas"), "the replicas fallback: {r:?}");
-    let r = evaluate_sharing(&SharingSettings { mode: SharingMode::Replicas, ..shares.clone() }, &[replicas]);
+    let r = evaluate_sharing(
+        &SharingSettings { mode: SharingMode::Replicas, ..shares.clone() },
+        std::slice::from_ref(&replicas),
+    );
     assert_eq!((r.status, r.detail.as_str()), (Status::Pass, "2 replica devices published"));
+    let mps = SharingSettings {
+        mode: SharingMode::Replicas,
+        enforcement: crate::sharing::Enforcement::Mps,
+        ..shares.clone()
+    };
+    let r = evaluate_sharing(&mps, &[replicas]);
+    assert_eq!(
+        r.detail,
+        "2 replica devices published; sharing.enforcement = mps: a shared GPU runs one MPS daemon while it has shares, \
+         each share's pinned memory limited"
+    );
     let r = evaluate_sharing(&SharingSettings { mode: SharingMode::Exclusive, ..shares.clone() }, &[dropped]);
     assert_eq!(r.status, Status::Pass);
     assert_eq!(evaluate_sharing(&shares, &[]).status, Status::Skip);

@@ -1,7 +1,8 @@
 //! Check: the sharing tools and the MPS control daemons. `nvidia-smi` (TimeSlicing) and
-//! `nvidia-cuda-mps-control` (MPS) must exist for claims that ask for those strategies;
-//! every daemon directory under `<paths.runtime_dir>/mps/` is listed with whether the
-//! process its pid file names runs. Read from the runtime directory, not the state store,
+//! `nvidia-cuda-mps-control` (MPS) must exist for claims that ask for those strategies, and
+//! for shares when `sharing.enforcement` needs them; every daemon directory under
+//! `<paths.runtime_dir>/mps/` (a claim's, or `shared-gpu-0` for a shared GPU's) is listed
+//! with whether the process its pid file names runs. Read from the runtime directory, not the state store,
 //! which a running edra holds locked.
 
 use std::path::{Path, PathBuf};
@@ -15,7 +16,7 @@ const NAME: &str = "sharing";
 /// One daemon directory and what its pid file says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Daemon {
-    /// The claim's UID (the directory's name).
+    /// The directory's name: the claim's UID, or `shared-gpu-0` for the shares of `gpu-0`.
     pub claim: String,
     /// The pid in its pid file.
     pub pid: Option<u32>,
@@ -46,6 +47,16 @@ fn executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+impl Daemon {
+    /// Whose daemon it is, for the report: `claim <uid>` or `shared GPU gpu-0`.
+    fn owner(&self) -> String {
+        match self.claim.strip_prefix("shared-") {
+            Some(gpu) => format!("shared GPU {gpu}"),
+            None => format!("claim {}", self.claim),
+        }
+    }
+}
+
 /// The check.
 pub fn check(cfg: &Config) -> CheckResult {
     let paths = &cfg.paths;
@@ -54,14 +65,26 @@ pub fn check(cfg: &Config) -> CheckResult {
         .clone()
         .unwrap_or_else(|| paths.driver_root.join(crate::gpu::timeslice::DEFAULT_RELATIVE_PATH));
     let control = paths.mps_control.clone().unwrap_or_else(|| paths.driver_root.join(mps::DEFAULT_RELATIVE_PATH));
-    sharing(&smi, &control, &paths.runtime_dir, Path::new("/proc"))
+    sharing(&smi, &control, &paths.runtime_dir, Path::new("/proc"), cfg.sharing.enforcement)
 }
 
 /// The check on explicit paths.
-pub fn sharing(smi: &Path, control: &Path, runtime_dir: &Path, proc_root: &Path) -> CheckResult {
+pub fn sharing(
+    smi: &Path,
+    control: &Path,
+    runtime_dir: &Path,
+    proc_root: &Path,
+    enforcement: crate::sharing::Enforcement,
+) -> CheckResult {
+    use crate::sharing::Enforcement;
+    let (ts, mps_users) = match enforcement {
+        Enforcement::TimeSlicing(_) => ("TimeSlicing, and every share (sharing.enforcement = \"timeslicing\"),", "MPS"),
+        Enforcement::Mps => ("TimeSlicing", "MPS, and every share (sharing.enforcement = \"mps\"),"),
+        Enforcement::None => ("TimeSlicing", "MPS"),
+    };
     let missing: Vec<(PathBuf, &str, &str)> = [
-        (smi.to_path_buf(), crate::gpu::timeslice::CONFIG_KEY, "TimeSlicing"),
-        (control.to_path_buf(), mps::CONFIG_KEY, "MPS"),
+        (smi.to_path_buf(), crate::gpu::timeslice::CONFIG_KEY, ts),
+        (control.to_path_buf(), mps::CONFIG_KEY, mps_users),
     ]
     .into_iter()
     .filter(|(p, ..)| !executable(p))
@@ -70,9 +93,9 @@ pub fn sharing(smi: &Path, control: &Path, runtime_dir: &Path, proc_root: &Path)
     let listed: Vec<String> = found
         .iter()
         .map(|d| match (d.pid, d.running) {
-            (Some(pid), true) => format!("claim {}: pid {pid} running", d.claim),
-            (Some(pid), false) => format!("claim {}: not running (its pid file names {pid})", d.claim),
-            (None, _) => format!("claim {}: not running (no pid file)", d.claim),
+            (Some(pid), true) => format!("{}: pid {pid} running", d.owner()),
+            (Some(pid), false) => format!("{}: not running (its pid file names {pid})", d.owner()),
+            (None, _) => format!("{}: not running (no pid file)", d.owner()),
         })
         .collect();
     let daemons = match listed.len() {
@@ -80,7 +103,13 @@ pub fn sharing(smi: &Path, control: &Path, runtime_dir: &Path, proc_root: &Path)
         n => format!("{n} MPS daemon{}: {}", if n == 1 { "" } else { "s" }, listed.join("; ")),
     };
     if let Some((path, key, strategy)) = missing.first() {
-        let names: Vec<String> = missing.iter().map(|(p, _, s)| format!("{s}: {} missing", p.display())).collect();
+        let names: Vec<String> = missing
+            .iter()
+            .map(|(p, key, _)| {
+                let what = if *key == mps::CONFIG_KEY { "MPS" } else { "TimeSlicing" };
+                format!("{what}: {} missing", p.display())
+            })
+            .collect();
         return CheckResult::new(
             NAME,
             Status::Warn,
@@ -99,8 +128,8 @@ pub fn sharing(smi: &Path, control: &Path, runtime_dir: &Path, proc_root: &Path)
             Status::Warn,
             daemons,
             format!(
-                "a running edra starts a prepared claim's daemon again within mps.check_interval and removes \
-                 directories no claim owns; if one keeps dying, read {}",
+                "a running edra starts a prepared claim's (or a shared GPU's) daemon again within \
+                 mps.check_interval and removes directories nothing owns; if one keeps dying, read {}",
                 log.display()
             ),
         );
@@ -111,6 +140,7 @@ pub fn sharing(smi: &Path, control: &Path, runtime_dir: &Path, proc_root: &Path)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sharing::Enforcement;
 
     fn exe(p: &Path) {
         use std::os::unix::fs::PermissionsExt;
@@ -124,15 +154,21 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (smi, control, run) =
             (tmp.path().join("bin/nvidia-smi"), tmp.path().join("bin/mps"), tmp.path().join("run"));
-        let r = sharing(&smi, &control, &run, Path::new("/proc"));
+        let r = sharing(&smi, &control, &run, Path::new("/proc"), Enforcement::None);
         assert_eq!(r.status, Status::Warn);
         assert!(r.detail.contains("TimeSlicing: ") && r.detail.contains("MPS: "), "{}", r.detail);
         assert!(r.fix.contains("paths.nvidia_smi"), "{}", r.fix);
         exe(&smi);
-        let r = sharing(&smi, &control, &run, Path::new("/proc"));
+        let r = sharing(&smi, &control, &run, Path::new("/proc"), Enforcement::None);
         assert!(r.fix.contains("claims asking for MPS will fail") && r.fix.contains("paths.mps_control"), "{}", r.fix);
+        let r = sharing(&smi, &control, &run, Path::new("/proc"), Enforcement::Mps);
+        assert!(
+            r.fix.contains("claims asking for MPS, and every share (sharing.enforcement = \"mps\"), will fail"),
+            "{}",
+            r.fix
+        );
         exe(&control);
-        let r = sharing(&smi, &control, &run, Path::new("/proc"));
+        let r = sharing(&smi, &control, &run, Path::new("/proc"), Enforcement::None);
         assert_eq!(
             (r.status, r.detail.as_str()),
             (Status::Pass, "nvidia-smi and nvidia-cuda-mps-control found; no MPS daemons")
@@ -149,10 +185,11 @@ mod tests {
         std::fs::create_dir_all(&dead).unwrap();
         std::fs::write(dead.join(PID_FILE), format!("{dead_pid}\n")).unwrap();
         std::fs::create_dir_all(run.join("mps/cccc")).unwrap();
-        let r = sharing(&smi, &control, &run, Path::new("/proc"));
+        std::fs::create_dir_all(run.join("mps/shared-gpu-1")).unwrap();
+        let r = sharing(&smi, &control, &run, Path::new("/proc"), Enforcement::None);
         assert_eq!(r.status, Status::Warn);
         let expected = format!(
-            "3 MPS daemons: claim aaaa: pid {} running; claim bbbb: not running (its pid file names {dead_pid}); claim cccc: not running (no pid file)",
+            "4 MPS daemons: claim aaaa: pid {} running; claim bbbb: not running (its pid file names {dead_pid}); claim cccc: not running (no pid file); shared GPU gpu-1: not running (no pid file)",
             std::process::id()
         );
         assert_eq!(r.detail, expected);

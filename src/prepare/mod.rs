@@ -7,7 +7,8 @@
 //! and records PrepareCompleted (one durable step, taking the devices); a claim that changes
 //! GPU settings or runs an MPS daemon records PrepareStarted first (durable, taking the
 //! devices), makes the changes, writes the spec and records PrepareCompleted. Then answer
-//! with the CDI IDs.
+//! with the CDI IDs. A share of a GPU with `sharing.enforcement` set is such a claim: the
+//! GPU's first share changes the GPU for all its shares (`shared`).
 //! Unprepare works from the store alone. Claims in one call run concurrently, each claim
 //! UID serialised by its own lock, which blocking work keeps until it ends even when the
 //! kubelet cancels the call. Recovery at start is in [`recover`].
@@ -22,6 +23,7 @@ pub mod locks;
 pub mod mps;
 pub mod plan;
 pub mod recover;
+mod shared;
 pub mod stale;
 #[cfg(test)]
 mod tests;
@@ -41,9 +43,12 @@ use crate::gpu::timeslice::{self, NvidiaSmi};
 use crate::gpu::{ChangeCounts, ComputeMode, ComputeModes, GpuError, Setting};
 use crate::inventory::Inventory;
 use crate::plugin::handler::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
+use crate::sharing::Enforcement;
 use crate::state::{ClaimRecord, GPU_CHANGE_SCHEMA, GpuChange, Phase, SCHEMA_VERSION, StateError, Store};
 use driver_files::DriverFilesCache;
 use locks::ClaimLocks;
+pub(crate) use shared::{SHARED_HOLDER, shared_holder};
+use shared::{enforced_shares, enforcement_summary};
 
 pub use recover::RecoveryReport;
 
@@ -309,6 +314,15 @@ pub enum PrepareError {
     /// The claim's MPS daemon could not be started or stopped.
     #[error("cannot run the claim's MPS control daemon")]
     Mps(#[source] crate::gpu::mps::MpsError),
+    /// The MPS daemon of a shared GPU could not be started or stopped.
+    #[error("cannot run the MPS control daemon of shared GPU {gpu} (sharing.enforcement = \"mps\")")]
+    SharedMps {
+        /// The GPU's device name.
+        gpu: String,
+        /// The cause.
+        #[source]
+        source: crate::gpu::mps::MpsError,
+    },
     /// An allocation result's share ID cannot be used.
     #[error(
         "the allocation of device {device} carries share ID {share_id:?}, which is not a lowercase RFC 4122 UUID as \
@@ -336,8 +350,10 @@ pub enum PrepareError {
     /// A sharing strategy asked for on a share of a GPU.
     #[error(
         "sharing strategy {strategy} (request {request}) cannot apply to {device}, a share of GPU {gpu} that other \
-         claims may use too: compute mode, time-slice and MPS daemon are settings of the whole GPU. Use Exclusive \
-         for shares, or request the whole GPU (no capacity request) to choose its strategy"
+         claims may use too: compute mode, time-slice and MPS daemon are settings of the whole GPU, and this node \
+         sets them for all shares of a GPU (sharing.enforcement = \"{enforcement}\": {what}). Use Exclusive for \
+         shares, or request the whole GPU (no capacity request) to choose its strategy",
+        what = enforcement_summary(enforcement)
     )]
     SharingOnShare {
         /// The strategy asked for.
@@ -348,6 +364,24 @@ pub enum PrepareError {
         device: String,
         /// The GPU.
         gpu: String,
+        /// The node's `sharing.enforcement`.
+        enforcement: &'static str,
+    },
+    /// Shares of two GPUs with MPS enforcement in one claim.
+    #[error(
+        "requests {first} and {second} hold shares of GPUs {first_gpu} and {second_gpu}, and this node runs one MPS \
+         daemon per shared GPU (sharing.enforcement = \"mps\"): a container talks to one MPS daemon, so a claim's \
+         shares must be of one GPU. Use one claim per GPU"
+    )]
+    MpsSharesOnTwoGpus {
+        /// The first request.
+        first: String,
+        /// Its GPU.
+        first_gpu: String,
+        /// The other request.
+        second: String,
+        /// Its GPU.
+        second_gpu: String,
     },
     /// TimeSlicing asked for on a MIG device.
     #[error(
@@ -591,6 +625,14 @@ impl Preparer {
         let devices: Vec<&crate::inventory::Device> = devices.iter().collect();
         let mut spec = cdi::build_spec(&layout, &record.uid, &devices, &files);
         mps::add_edits(&mut spec, record, &s.mps);
+        // Shares of GPUs whose shares run an MPS daemon (set by the GPU's first share).
+        let mut shared = Vec::new();
+        for share in enforced_shares(&record.devices) {
+            if !shared.contains(&share.gpu) && self.inner.store.mps_daemon(&shared_holder(&share.gpu))?.is_some() {
+                shared.push(share.gpu.clone());
+            }
+        }
+        mps::add_share_edits(&mut spec, record, &s.mps, &shared);
         let problems = cdi_validate::validate(&spec);
         if problems.is_empty() { Ok(spec) } else { Err(PrepareError::InvalidSpec { problems }) }
     }
@@ -643,6 +685,12 @@ impl Preparer {
         if mps_plan.is_some() {
             self.inner.mps.check_binary().map_err(PrepareError::Mps)?;
         }
+        if self.inner.settings.sharing.enforcement == Enforcement::Mps
+            && let Some(share) = enforced_shares(&devices).next()
+        {
+            let gpu = share.gpu.clone();
+            self.inner.mps.check_binary().map_err(|source| PrepareError::SharedMps { gpu, source })?;
+        }
         let record = ClaimRecord {
             schema: SCHEMA_VERSION,
             uid: claim.uid.clone(),
@@ -686,7 +734,7 @@ impl Preparer {
         failpoint::hit("prepare-after-started");
         let finish = (|| {
             self.time_slice(&record.uid, gpus)?;
-            self.time_slice_shared(&record)?;
+            self.enforce_shared(&record)?;
             if let Some(p) = mps_plan {
                 self.start_mps(&record.uid, p)?;
             }
@@ -727,12 +775,6 @@ impl Preparer {
         }
         failpoint::hit("prepare-after-completed");
         Ok(record)
-    }
-
-    /// Whether preparing `record` changes the settings of a shared GPU (`sharing.timeslice`
-    /// with an Exclusive share).
-    fn changes_shared_gpus(&self, record: &ClaimRecord) -> bool {
-        self.inner.settings.sharing.timeslice.is_some() && time_sliced_shares(record).next().is_some()
     }
 
     /// Fails with the reason when time-slicing `gpus` is asked for and `nvidia-smi` cannot
@@ -865,7 +907,7 @@ impl Preparer {
         let Some(rec) = store.claim(uid)? else {
             tracing::debug!(claim.uid = uid, "unprepare of an unknown claim; nothing to do");
             // A shared GPU whose last share went while putting it back failed.
-            return self.put_back_idle_shared_gpus().map(|_| ());
+            return self.put_back_idle_shared_gpus(None).map(|_| ());
         };
         cdi::remove_spec(&rec.cdi_spec_path).map_err(|source| PrepareError::Cdi {
             op: "remove",
@@ -877,98 +919,13 @@ impl Preparer {
         self.restore_gpus(uid)?;
         store.remove_claim(uid)?;
         failpoint::hit("unprepare-after-record-remove");
-        if rec.shares().next().is_some() {
-            self.put_back_idle_shared_gpus()?;
+        let gpus: Vec<String> = rec.shares().map(|(_, s)| s.gpu.clone()).collect();
+        if !gpus.is_empty() {
+            self.put_back_idle_shared_gpus(Some(&gpus))?;
         }
         tracing::info!(claim.uid = uid, phase = ?rec.phase, "claim unprepared");
         Ok(())
     }
-
-    /// Sets `sharing.timeslice` on the GPUs of `record`'s shares that do not carry it yet
-    /// (the first share of a GPU), each change recorded durably before it is made, held by
-    /// the GPU's shares ([`shared_holder`]) rather than by the claim. Shares whose claim
-    /// chose its own strategy (a whole-memory share) are left to it. The caller holds the
-    /// GPUs' locks ([`Preparer::lock_shared_gpus`]).
-    fn time_slice_shared(&self, record: &ClaimRecord) -> Result<(), PrepareError> {
-        let Some(interval) = self.inner.settings.sharing.timeslice else { return Ok(()) };
-        let inventory = self.inner.inventory.borrow().clone();
-        let changes = self.inner.store.gpu_changes()?;
-        let mut gpus: Vec<plan::TimeSlicedGpu> = Vec::new();
-        for share in time_sliced_shares(record) {
-            let Some(dev) = inventory.device(&share.gpu) else { continue };
-            let holder = shared_holder(&share.gpu);
-            if changes.iter().any(|c| c.uuid == dev.uuid && c.claim == holder)
-                || gpus.iter().any(|g| g.uuid == dev.uuid)
-            {
-                continue;
-            }
-            gpus.push(plan::TimeSlicedGpu { device: share.gpu.clone(), uuid: dev.uuid.clone(), interval });
-        }
-        self.check_nvidia_smi(&gpus)?;
-        for g in gpus {
-            self.time_slice(&shared_holder(&g.device), std::slice::from_ref(&g))?;
-        }
-        Ok(())
-    }
-
-    /// Puts back every GPU time-sliced for its shares that has no share left, then drops
-    /// its change record (blocking I/O); returns how many. Run after a claim with shares is
-    /// released and at recovery, so a crash between the two steps is finished later.
-    pub(crate) fn put_back_idle_shared_gpus(&self) -> Result<usize, PrepareError> {
-        let store = &self.inner.store;
-        let mut n = 0;
-        for c in store.gpu_changes()? {
-            let Some(gpu) = c.claim.strip_prefix(SHARED_HOLDER) else { continue };
-            if !store.shares_of(gpu)?.is_empty() {
-                continue;
-            }
-            self.restore_gpus(&c.claim)?;
-            store.remove_gpu_change(&c.uuid, &c.claim)?;
-            tracing::info!(gpu = %c.uuid, device = gpu, "no share of the GPU is left; its settings are put back");
-            n += 1;
-        }
-        Ok(n)
-    }
-
-    /// The locks of the GPUs whose shares `devices` hold, in name order (taken after the
-    /// claim's own lock, so two claims never wait on each other in opposite order), when
-    /// edra changes shared GPUs' settings; none otherwise.
-    async fn lock_shared_gpus(&self, devices: &[crate::state::DeviceRecord]) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
-        if self.inner.settings.sharing.timeslice.is_none() {
-            return Vec::new();
-        }
-        let gpus = devices.iter().filter_map(|d| d.share.as_ref()).map(|s| shared_holder(&s.gpu)).collect();
-        self.lock_holders(gpus).await
-    }
-
-    /// The locks of `holders` (shared-GPU holders), in name order.
-    async fn lock_holders(&self, mut gpus: Vec<String>) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
-        gpus.sort();
-        gpus.dedup();
-        let mut guards = Vec::with_capacity(gpus.len());
-        for g in gpus {
-            guards.push(self.inner.locks.lock(&g).await);
-        }
-        guards
-    }
-}
-
-/// The prefix of the holder of a GPU change made for a GPU's shares.
-pub(crate) const SHARED_HOLDER: &str = "shared:";
-
-/// The holder of the GPU change made for the shares of GPU `gpu` (device name): not a
-/// claim UID, so no claim's release restores it; the last share's does.
-pub(crate) fn shared_holder(gpu: &str) -> String {
-    format!("{SHARED_HOLDER}{gpu}")
-}
-
-/// The shares of `record` that `sharing.timeslice` applies to: those whose claim keeps the
-/// Exclusive strategy (a whole-memory share with its own strategy is left to it).
-fn time_sliced_shares(record: &ClaimRecord) -> impl Iterator<Item = &crate::state::ShareRecord> {
-    record
-        .shares()
-        .filter(|(d, _)| d.config.sharing.strategy == crate::device_config::Strategy::Exclusive)
-        .map(|(_, s)| s)
 }
 
 /// Wraps a GPU failure with what was being done to which GPU.

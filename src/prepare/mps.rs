@@ -8,6 +8,14 @@
 //! through its pid file, as a process of the MPS control binary started after the recorded
 //! tick (never a pid the kernel gave to something else). Restarts keep the claim's
 //! directories: the claim's containers have them bind-mounted.
+//!
+//! With `sharing.enforcement = "mps"` a shared GPU has one daemon too, held by the GPU's
+//! shares rather than by a claim: its records are keyed by the holder `shared:gpu-0` (as
+//! its GPU change record is) and its directories are `<runtime>/mps/shared-gpu-0`. The
+//! first share starts it, later shares reuse it, the last share's release stops it; each
+//! share's containers get its pipe and shm directories and their own pinned memory limit
+//! (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`). Supervision, adoption and the orphan sweep treat
+//! it as a claim's daemon, under the GPU's lock.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use super::cdi::{self, Mount};
 use super::plan::MpsPlan;
-use super::{PrepareError, Preparer, failpoint, gpu_error};
+use super::{PrepareError, Preparer, SHARED_HOLDER, failpoint, gpu_error, shared_holder};
 use crate::gpu::ComputeMode;
 use crate::gpu::mps::{self, DaemonIdentity, DaemonSpec, MpsDaemons};
 use crate::state::{ClaimRecord, GPU_CHANGE_SCHEMA, GpuChange, MPS_DAEMON_SCHEMA, MpsDaemonRecord, Phase};
@@ -53,34 +61,97 @@ fn identity(pair: Option<(u32, u64)>) -> Option<DaemonIdentity> {
 
 fn spec_of(rec: &MpsDaemonRecord) -> DaemonSpec {
     DaemonSpec {
-        id: rec.claim.clone(),
+        id: daemon_id(&rec.claim),
         gpus: rec.gpus.clone(),
         active_thread_percentage: rec.active_thread_percentage,
         pinned_memory_mib: rec.pinned_memory_mib.clone(),
     }
 }
 
-/// Adds the MPS pipe and shm mounts and `CUDA_MPS_PIPE_DIRECTORY` to the spec's devices
-/// of `record` that use MPS.
-pub(super) fn add_edits(spec: &mut cdi::Spec, record: &ClaimRecord, settings: &mps::MpsSettings) {
-    let dirs = settings.dirs(&record.uid);
-    let mps_devices: Vec<String> = record
-        .devices
-        .iter()
-        .filter(|d| d.config.sharing.strategy == crate::device_config::Strategy::Mps)
-        .map(|d| cdi::device_name(&record.uid, &d.cdi_device()))
-        .collect();
+/// The daemon ID (its directory name) of holder `holder`: a claim's UID, or
+/// `shared-gpu-0` for the shares of `gpu-0` (holder `shared:gpu-0`).
+pub(crate) fn daemon_id(holder: &str) -> String {
+    match holder.strip_prefix(SHARED_HOLDER) {
+        Some(gpu) => format!("shared-{gpu}"),
+        None => holder.to_string(),
+    }
+}
+
+/// The holder of the daemon whose directory is `name`: a claim UID, or a shared GPU's
+/// holder for `shared-gpu-0`; `None` for names edra does not make.
+pub(super) fn holder_of_dir(name: &str) -> Option<String> {
+    if cdi::is_valid_uid(name) {
+        return Some(name.to_string());
+    }
+    let gpu = name.strip_prefix("shared-")?;
+    let valid = gpu.strip_prefix("gpu-").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    valid.then(|| shared_holder(gpu))
+}
+
+/// The error for a failed daemon of `holder`.
+fn mps_error(holder: &str) -> impl FnOnce(mps::MpsError) -> PrepareError {
+    let gpu = holder.strip_prefix(SHARED_HOLDER).map(str::to_string);
+    move |source| match gpu {
+        Some(gpu) => PrepareError::SharedMps { gpu, source },
+        None => PrepareError::Mps(source),
+    }
+}
+
+/// The pipe and shm mounts of daemon `id`'s directories, as containers get them.
+fn daemon_mounts(settings: &mps::MpsSettings, id: &str) -> [Mount; 2] {
+    let dirs = settings.dirs(id);
     let mount = |host: &Path, inside: &str| Mount {
         host_path: host.display().to_string(),
         container_path: inside.to_string(),
         options: MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect(),
         mount_type: None,
     };
+    [mount(&dirs.pipe, CONTAINER_PIPE_DIR), mount(&dirs.shm, "/dev/shm")]
+}
+
+/// Adds the MPS pipe and shm mounts and `CUDA_MPS_PIPE_DIRECTORY` to the spec's devices
+/// of `record` that use MPS.
+pub(super) fn add_edits(spec: &mut cdi::Spec, record: &ClaimRecord, settings: &mps::MpsSettings) {
+    let mps_devices: Vec<String> = record
+        .devices
+        .iter()
+        .filter(|d| d.config.sharing.strategy == crate::device_config::Strategy::Mps)
+        .map(|d| cdi::device_name(&record.uid, &d.cdi_device()))
+        .collect();
     for device in spec.devices.iter_mut().filter(|d| mps_devices.contains(&d.name)) {
         let edits = &mut device.container_edits;
         edits.env.push(format!("CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"));
-        edits.mounts.push(mount(&dirs.pipe, CONTAINER_PIPE_DIR));
-        edits.mounts.push(mount(&dirs.shm, "/dev/shm"));
+        edits.mounts.extend(daemon_mounts(settings, &record.uid));
+    }
+}
+
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for a share of `memory` bytes: `<ordinal>=<size>`,
+/// ordinal 0 (the GPU's daemon serves that one GPU, so its clients see it as device 0),
+/// the size in whole MiB, rounded down so the limit never exceeds the share (at least 1M).
+pub fn pinned_limit_env(memory: u64) -> String {
+    format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={}M", (memory >> 20).max(1))
+}
+
+/// Adds, to each device of `record` that is a share of a GPU served by its shared MPS
+/// daemon (`shared` names those GPUs), the daemon's pipe and shm mounts,
+/// `CUDA_MPS_PIPE_DIRECTORY` and the share's pinned memory limit.
+pub(super) fn add_share_edits(
+    spec: &mut cdi::Spec,
+    record: &ClaimRecord,
+    settings: &mps::MpsSettings,
+    shared: &[String],
+) {
+    for d in record.devices.iter().filter(|d| !d.admin_access) {
+        let Some(share) = d.share.as_ref().filter(|s| shared.contains(&s.gpu)) else { continue };
+        if d.config.sharing.strategy != crate::device_config::Strategy::Exclusive {
+            continue;
+        }
+        let name = cdi::device_name(&record.uid, &d.cdi_device());
+        let Some(device) = spec.devices.iter_mut().find(|x| x.name == name) else { continue };
+        let edits = &mut device.container_edits;
+        edits.env.push(format!("CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"));
+        edits.env.push(pinned_limit_env(share.memory));
+        edits.mounts.extend(daemon_mounts(settings, &daemon_id(&shared_holder(&share.gpu))));
     }
 }
 
@@ -129,24 +200,58 @@ impl Preparer {
         let started = Instant::now();
         let result = self.inner.mps.start(&spec_of(rec));
         self.inner.mps_stats.start(result.is_ok(), started.elapsed());
-        let daemon = result.map_err(PrepareError::Mps)?;
+        let daemon = result.map_err(mps_error(&rec.claim))?;
         failpoint::hit("prepare-after-mps-started");
         rec.daemon = Some((daemon.pid, daemon.start_time));
         store.put_mps_daemon(rec)?;
         Ok(daemon)
     }
 
-    /// Unprepare's MPS step (blocking I/O): stops the claim's daemon (`quit`, then SIGKILL
-    /// after the grace period) and removes its directories. The record stays; the caller
-    /// drops it with the claim's.
+    /// The first share of a GPU with `sharing.enforcement = "mps"` (blocking I/O; the
+    /// caller holds the GPU's lock): EXCLUSIVE_PROCESS and the GPU's daemon, each recorded
+    /// before it is made, held by the GPU's shares. The daemon sets no limits of its own:
+    /// each share's limit is in its containers' environment.
+    pub(super) fn start_shared_mps(&self, device: &str, uuid: &str) -> Result<(), PrepareError> {
+        let plan = MpsPlan {
+            gpus: vec![uuid.to_string()],
+            full_gpus: vec![(device.to_string(), uuid.to_string())],
+            active_thread_percentage: None,
+            pinned_memory_mib: Vec::new(),
+        };
+        let holder = shared_holder(device);
+        self.start_mps(&holder, &plan)?;
+        tracing::info!(gpu = %uuid, device, mps.id = %daemon_id(&holder), "shared GPU's MPS control daemon started by its first share");
+        Ok(())
+    }
+
+    /// A later share of a GPU whose first share set it up (blocking I/O; the caller holds
+    /// the GPU's lock): its daemon runs, is adopted, or is started again now.
+    pub(super) fn reuse_shared_mps(&self, holder: &str) -> Result<(), PrepareError> {
+        match self.ensure_mps(holder)? {
+            MpsCheck::NoDaemon | MpsCheck::Running(_) => {}
+            MpsCheck::Adopted(d) | MpsCheck::Restarted(d) => {
+                tracing::info!(
+                    holder,
+                    pid = d.pid,
+                    "a share found its GPU's MPS control daemon not recorded as running; it runs now"
+                )
+            }
+        }
+        Ok(())
+    }
+
+    /// Unprepare's MPS step (blocking I/O): stops the daemon of `uid` (a claim, or a shared
+    /// GPU's holder) — `quit`, then SIGKILL after the grace period — and removes its
+    /// directories. The record stays; the caller drops it.
     pub(super) fn stop_mps(&self, uid: &str) -> Result<(), PrepareError> {
         let Some(rec) = self.inner.store.mps_daemon(uid)? else { return Ok(()) };
         let sup = &self.inner.mps;
-        let daemon = identity(rec.daemon).filter(|d| sup.is_running(d)).or_else(|| sup.find(uid, rec.not_before));
-        sup.stop(uid, daemon.as_ref()).map_err(PrepareError::Mps)?;
+        let id = daemon_id(uid);
+        let daemon = identity(rec.daemon).filter(|d| sup.is_running(d)).or_else(|| sup.find(&id, rec.not_before));
+        sup.stop(&id, daemon.as_ref()).map_err(mps_error(uid))?;
         failpoint::hit("unprepare-after-mps-stop");
         if let Some(d) = daemon {
-            tracing::info!(claim.uid = uid, pid = d.pid, "MPS control daemon stopped");
+            tracing::info!(holder = uid, pid = d.pid, "MPS control daemon stopped");
         }
         self.inner.mps_retries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(uid);
         Ok(())
@@ -161,7 +266,7 @@ impl Preparer {
         if let Some(d) = identity(rec.daemon).filter(|d| sup.is_running(d)) {
             return Ok(MpsCheck::Running(d));
         }
-        if let Some(d) = sup.find(uid, rec.not_before) {
+        if let Some(d) = sup.find(&daemon_id(uid), rec.not_before) {
             rec.daemon = Some((d.pid, d.start_time));
             store.put_mps_daemon(&rec)?;
             return Ok(MpsCheck::Adopted(d));
@@ -170,13 +275,24 @@ impl Preparer {
         rec.restarts = rec.restarts.saturating_add(1);
         let d = self.run_daemon(&mut rec)?;
         self.inner.mps_stats.restarts.fetch_add(1, Relaxed);
-        tracing::warn!(
-            claim.uid = uid,
-            was = ?was.map(|(pid, _)| pid),
-            pid = d.pid,
-            restarts = rec.restarts,
-            "the claim's MPS control daemon was not running; started it again"
-        );
+        let was = was.map(|(pid, _)| pid);
+        if uid.starts_with(SHARED_HOLDER) {
+            tracing::warn!(
+                holder = uid,
+                ?was,
+                pid = d.pid,
+                restarts = rec.restarts,
+                "the shared GPU's MPS control daemon was not running; started it again"
+            );
+        } else {
+            tracing::warn!(
+                claim.uid = uid,
+                ?was,
+                pid = d.pid,
+                restarts = rec.restarts,
+                "the claim's MPS control daemon was not running; started it again"
+            );
+        }
         Ok(MpsCheck::Restarted(d))
     }
 
@@ -189,8 +305,13 @@ impl Preparer {
         for rec in store.mps_daemons()? {
             let uid = rec.claim.as_str();
             let _held = self.inner.locks.lock_blocking(uid);
-            // A prepare in flight or one recovery rolls back is not supervised.
-            if !store.claim(uid)?.is_some_and(|c| c.phase == Phase::PrepareCompleted) {
+            // A prepare in flight or one recovery rolls back is not supervised; a shared
+            // GPU's daemon is while the GPU has shares (a share's prepare holds its lock).
+            let supervised = match uid.strip_prefix(SHARED_HOLDER) {
+                Some(gpu) => !store.shares_of(gpu)?.is_empty(),
+                None => store.claim(uid)?.is_some_and(|c| c.phase == Phase::PrepareCompleted),
+            };
+            if !supervised {
                 continue;
             }
             let retries = &self.inner.mps_retries;
@@ -214,12 +335,12 @@ impl Preparer {
                     let mut map = retries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     let wait = map.get(uid).map_or(FIRST_RETRY, |(_, w)| (*w * 2).min(MAX_RETRY));
                     map.insert(uid.to_string(), (Instant::now() + wait, wait));
-                    tracing::error!(
-                        claim.uid = uid,
-                        error = %crate::util::error_chain(&e),
-                        retry_in_s = wait.as_secs(),
-                        "cannot start the claim's MPS control daemon again; its pods cannot use the GPU until it runs"
-                    );
+                    let (error, retry_in_s) = (crate::util::error_chain(&e), wait.as_secs());
+                    if uid.starts_with(SHARED_HOLDER) {
+                        tracing::error!(holder = uid, %error, retry_in_s, "cannot start the shared GPU's MPS control daemon again; the pods of its shares cannot use the GPU until it runs");
+                    } else {
+                        tracing::error!(claim.uid = uid, %error, retry_in_s, "cannot start the claim's MPS control daemon again; its pods cannot use the GPU until it runs");
+                    }
                 }
             }
         }
@@ -228,23 +349,22 @@ impl Preparer {
     }
 
     /// Stops daemons and removes directories under `<runtime>/mps/` that no prepared or
-    /// preparing claim owns (blocking I/O; recovery). Returns their names.
+    /// preparing claim, nor a shared GPU's record, owns (blocking I/O; recovery). Returns
+    /// their names.
     pub(super) fn sweep_mps_orphans(&self) -> Result<Vec<String>, PrepareError> {
         let settings = &self.inner.settings.mps;
         let Ok(entries) = std::fs::read_dir(settings.runtime_dir.join("mps")) else { return Ok(Vec::new()) };
         let mut removed = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !cdi::is_valid_uid(&name) {
-                continue;
-            }
-            let _held = self.inner.locks.lock_blocking(&name);
-            if self.inner.store.mps_daemon(&name)?.is_some() || self.inner.store.claim(&name)?.is_some() {
+            let Some(holder) = holder_of_dir(&name) else { continue };
+            let _held = self.inner.locks.lock_blocking(&holder);
+            if self.inner.store.mps_daemon(&holder)?.is_some() || self.inner.store.claim(&holder)?.is_some() {
                 continue;
             }
             let daemon = self.inner.mps.find(&name, 0);
-            self.inner.mps.stop(&name, daemon.as_ref()).map_err(PrepareError::Mps)?;
-            tracing::info!(claim.uid = %name, pid = ?daemon.map(|d| d.pid), "stopped an MPS daemon no claim owns and removed its directories");
+            self.inner.mps.stop(&name, daemon.as_ref()).map_err(mps_error(&holder))?;
+            tracing::info!(mps.id = %name, pid = ?daemon.map(|d| d.pid), "stopped an MPS daemon nothing owns and removed its directories");
             removed.push(name);
         }
         Ok(removed)

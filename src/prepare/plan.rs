@@ -9,7 +9,7 @@ use super::{PrepareSettings, cdi};
 use crate::device_config::Interval;
 use crate::inventory::{DeviceKind, Inventory};
 use crate::plugin::handler::ClaimRef;
-use crate::sharing::Resolved;
+use crate::sharing::{Enforcement, Resolved};
 use crate::state::{DeviceRecord, ShareRecord};
 
 /// Checks the claim is the one the kubelet means and allocated, takes the results of this
@@ -72,6 +72,24 @@ pub fn plan(
                 request: r.request.clone(),
                 device: r.device.clone(),
                 gpu: found.gpu.name.clone(),
+                enforcement: settings.sharing.enforcement.name(),
+            });
+        }
+        if settings.sharing.enforcement == Enforcement::Mps
+            && strategy == Strategy::Exclusive
+            && !record.admin_access
+            && let Some(share) = &record.share
+            && let Some(other) = out.iter().find(|d: &&DeviceRecord| {
+                d.config.sharing.strategy == Strategy::Exclusive
+                    && !d.admin_access
+                    && d.share.as_ref().is_some_and(|s| s.gpu != share.gpu)
+            })
+        {
+            return Err(PrepareError::MpsSharesOnTwoGpus {
+                first: other.request.clone(),
+                first_gpu: other.gpu().to_string(),
+                second: r.request.clone(),
+                second_gpu: share.gpu.clone(),
             });
         }
         if strategy == Strategy::TimeSlicing && matches!(found.gpu.kind, DeviceKind::Mig(_)) {

@@ -32,13 +32,17 @@ pub struct RecoveryReport {
     pub orphans_removed: Vec<std::path::PathBuf>,
     /// Prepared claims whose GPU settings (compute mode, time-slice) were set again.
     pub gpus_reapplied: Vec<String>,
-    /// Prepared claims whose GPU settings could not be set again (kept; logged).
+    /// Prepared claims (and shared GPUs' holders) whose GPU settings could not be set again
+    /// (kept; logged).
     pub gpus_reapply_failed: Vec<String>,
-    /// Prepared claims whose running MPS daemon was adopted.
+    /// Prepared claims (and shared GPUs' holders, `shared:gpu-0`) whose running MPS daemon
+    /// was adopted.
     pub mps_adopted: Vec<String>,
-    /// Prepared claims whose MPS daemon was gone and was started again.
+    /// Prepared claims (and shared GPUs' holders) whose MPS daemon was gone and was started
+    /// again.
     pub mps_restarted: Vec<String>,
-    /// Prepared claims whose MPS daemon could not be started again (kept; supervision retries).
+    /// Prepared claims (and shared GPUs' holders) whose MPS daemon could not be started
+    /// again (kept; supervision retries).
     pub mps_failed: Vec<String>,
     /// MPS daemon directories (and daemons) that no claim owned, stopped and removed.
     pub mps_orphans: Vec<String>,
@@ -150,6 +154,7 @@ impl Preparer {
         if !boot_id.is_empty() && stored.as_deref() != Some(boot_id.as_str()) {
             store.set_boot_id(&boot_id)?;
         }
+        self.recover_shared_gpus(&mut report);
         tracing::info!(
             rebooted = report.rebooted,
             rolled_back = report.rolled_back.len(),
@@ -163,7 +168,6 @@ impl Preparer {
             mps_orphans = report.mps_orphans.len(),
             "state recovered"
         );
-        self.recover_shared_gpus();
         self.refresh_shared_gpus();
         Ok(report)
     }
@@ -190,12 +194,13 @@ fn check_cdi_dir(dir: &std::path::Path) -> Result<(), PrepareError> {
 }
 
 impl Preparer {
-    /// GPUs time-sliced for their shares: put back those without shares (a crash between
-    /// the last share's release and the put-back), set again those with shares (settings do
-    /// not survive a reboot or a driver reload). Failures are logged; the next release or
-    /// start tries again.
-    fn recover_shared_gpus(&self) {
-        match self.put_back_idle_shared_gpus() {
+    /// GPUs changed for their shares (time-sliced, or EXCLUSIVE_PROCESS with an MPS
+    /// daemon): put back those without shares (a crash between the last share's release
+    /// and the put-back), set again those with shares (settings do not survive a reboot or
+    /// a driver reload) and adopt or start again their daemons. Failures are logged; the
+    /// next release, start or supervision pass tries again.
+    fn recover_shared_gpus(&self, report: &mut RecoveryReport) {
+        match self.put_back_idle_shared_gpus(None) {
             Ok(0) => {}
             Ok(n) => tracing::info!(gpus = n, "put back GPUs whose shares were all released before a restart"),
             Err(e) => tracing::warn!(error = %crate::util::error_chain(&e), "cannot put back a GPU without shares"),
@@ -207,8 +212,22 @@ impl Preparer {
             Err(_) => return,
         };
         for h in holders {
+            let _held = self.inner.locks.lock_blocking(&h);
             if let Err(e) = self.reapply_gpus(&h) {
-                tracing::warn!(holder = %h, error = %crate::util::error_chain(&e), "cannot set a shared GPU's time-slice again");
+                tracing::warn!(holder = %h, error = %crate::util::error_chain(&e), "cannot set a shared GPU's settings again");
+                report.gpus_reapply_failed.push(h.clone());
+            }
+            match self.ensure_mps(&h) {
+                Ok(super::mps::MpsCheck::NoDaemon) => {}
+                Ok(super::mps::MpsCheck::Running(d) | super::mps::MpsCheck::Adopted(d)) => {
+                    tracing::info!(holder = %h, pid = d.pid, "adopted the shared GPU's running MPS control daemon");
+                    report.mps_adopted.push(h);
+                }
+                Ok(super::mps::MpsCheck::Restarted(_)) => report.mps_restarted.push(h),
+                Err(e) => {
+                    tracing::error!(holder = %h, error = %crate::util::error_chain(&e), "cannot start the shared GPU's MPS control daemon again; edra keeps trying");
+                    report.mps_failed.push(h);
+                }
             }
         }
     }

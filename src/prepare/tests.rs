@@ -409,6 +409,8 @@ mod mps_claims;
 mod recovery;
 #[path = "tests_shares.rs"]
 mod shares;
+#[path = "tests_shares_mps.rs"]
+mod shares_mps;
 #[path = "tests_sharing.rs"]
 mod sharing;
 #[path = "tests_cdi.rs"]

@@ -19,24 +19,24 @@ fn mps_config(requests: &[&str], mps: serde_json::Value) -> serde_json::Value {
         {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mps": mps}}}})
 }
 
-fn daemon_of(f: &Fixture, uid: &str) -> DaemonIdentity {
+pub(super) fn daemon_of(f: &Fixture, uid: &str) -> DaemonIdentity {
     let rec = f.preparer.store().mps_daemon(uid).unwrap().expect("an MPS daemon record");
     let (pid, start_time) = rec.daemon.expect("the daemon's pid is recorded");
     DaemonIdentity { pid, start_time }
 }
 
-fn alive(d: &DaemonIdentity) -> bool {
+pub(super) fn alive(d: &DaemonIdentity) -> bool {
     matches!(process_start(Path::new("/proc"), d.pid), Some((t, false)) if t == d.start_time)
 }
 
-fn wait_gone(d: &DaemonIdentity) -> bool {
+pub(super) fn wait_gone(d: &DaemonIdentity) -> bool {
     (0..500).any(|_| {
         std::thread::sleep(Duration::from_millis(20));
         !alive(d)
     })
 }
 
-fn kill(d: &DaemonIdentity) {
+pub(super) fn kill(d: &DaemonIdentity) {
     // SAFETY: kill(2) on a pid this test started (checked alive just before).
     assert!(alive(d));
     unsafe { libc::kill(d.pid as i32, libc::SIGKILL) };

@@ -4,14 +4,14 @@
 use super::*;
 
 const GI: u64 = 1 << 30;
-const SHARE1: &str = "6de5d941-c79d-4a8a-ba10-668351620525";
-const SHARE2: &str = "1b4e28ba-2fa1-41d2-883f-0016d3cca427";
-const SHARE3: &str = "f47ac10b-58cc-4372-a567-0e02b2c3d479";
+pub(super) const SHARE1: &str = "6de5d941-c79d-4a8a-ba10-668351620525";
+pub(super) const SHARE2: &str = "1b4e28ba-2fa1-41d2-883f-0016d3cca427";
+pub(super) const SHARE3: &str = "f47ac10b-58cc-4372-a567-0e02b2c3d479";
 const UID4: &str = "3c2b1a09-8f7e-4d6c-9b5a-493827160504";
 
 /// The fixture with gpu-0 and gpu-1 of 80Gi, and gpu-3 (published as four replicas by the
 /// fixture's settings).
-fn fixture() -> Fixture {
+pub(super) fn fixture() -> Fixture {
     let f = Fixture::new();
     let dev = f.root.join("dev");
     std::fs::write(dev.join("nvidia3"), b"x").unwrap();
@@ -26,7 +26,7 @@ fn fixture() -> Fixture {
 
 /// A claim whose results carry share IDs and consumed memory:
 /// (request, device, share ID, consumed memory).
-fn shared_claim(
+pub(super) fn shared_claim(
     uid: &str,
     name: &str,
     results: &[(&str, &str, &str, &str)],
@@ -177,10 +177,12 @@ async fn bad_shares_fail_their_claim_only() {
     assert!(f.preparer.store().shares_of("gpu-0").unwrap().is_empty());
 }
 
-/// The fixture with `sharing.timeslice = Medium`; gpu-0's compute mode starts as
+/// The fixture with `sharing.timeslice = Medium` (timeslicing enforcement); gpu-0's compute mode starts as
 /// EXCLUSIVE_PROCESS so its put-back shows.
 fn time_sliced_fixture() -> Fixture {
-    let f = fixture().restart_with(|s| s.sharing.timeslice = Some(crate::device_config::Interval::Medium));
+    let f = fixture().restart_with(|s| {
+        s.sharing.enforcement = crate::sharing::Enforcement::TimeSlicing(crate::device_config::Interval::Medium)
+    });
     f.modes.set_compute_mode(GPU0, ComputeMode::ExclusiveProcess).unwrap();
     f
 }

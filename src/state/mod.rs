@@ -3,8 +3,9 @@
 //! Six trees: `claims` (claim UID → [`ClaimRecord`]), `devices` (device name → UID of the
 //! claim holding it exclusively), `shares` (GPU device name → the [`ShareHolding`]s of its
 //! shares: consumable-capacity allocations and replicas), `gpu_changes` (GPU UUID → [`GpuChange`], what edra is
-//! changing on that GPU for a claim, written before the change), `mps_daemons` (claim UID →
-//! [`MpsDaemonRecord`], the claim's MPS control daemon, written before it starts) and `meta` (store schema
+//! changing on that GPU for a claim, written before the change), `mps_daemons` (claim UID, or
+//! a shared GPU's holder `shared:gpu-0` → [`MpsDaemonRecord`], the MPS control daemon of the claim or of
+//! the GPU's shares, written before it starts) and `meta` (store schema
 //! version, boot ID, the store's identity). Every change is one sled transaction across the trees, made durable before
 //! the call returns: sled 0.34's `flush()` only issues `sync_file_range` on Linux (its
 //! issue #1452), which persists neither metadata nor the disk cache, so each commit is
@@ -708,6 +709,20 @@ impl Store {
                 .insert(record.claim.as_bytes(), record::encode_mps_daemon(record))
                 .map_err(db_err("record an MPS daemon"))?;
             self.durable(db)
+        })
+    }
+
+    /// Drops the MPS daemon record of `holder` (a shared GPU's, after its daemon was
+    /// stopped; a claim's goes with [`Store::remove_claim`]), durably. Returns whether there
+    /// was one.
+    pub fn remove_mps_daemon(&self, holder: &str) -> Result<bool, StateError> {
+        self.with_db(|db| {
+            let removed =
+                db.mps_daemons.remove(holder.as_bytes()).map_err(db_err("drop an MPS daemon record"))?.is_some();
+            if removed {
+                self.durable(db)?;
+            }
+            Ok(removed)
         })
     }
 

@@ -247,7 +247,8 @@ pub fn encode_gpu_change(change: &GpuChange) -> Vec<u8> {
 /// The schema version of [`MpsDaemonRecord`]s this edra writes.
 pub const MPS_DAEMON_SCHEMA: u32 = 1;
 
-/// The MPS control daemon of one claim: written durably before the daemon is started
+/// The MPS control daemon of one claim, or of a shared GPU's shares
+/// (`sharing.enforcement = "mps"`): written durably before the daemon is started
 /// (without `daemon`), again once it answers (with `daemon`), removed with the claim's
 /// record after the daemon was stopped. Recovery and the supervision loop adopt, restart
 /// or stop daemons from these records.
@@ -256,7 +257,8 @@ pub const MPS_DAEMON_SCHEMA: u32 = 1;
 pub struct MpsDaemonRecord {
     /// Record schema version.
     pub schema: u32,
-    /// UID of the claim (the key, and the daemon's directory name).
+    /// UID of the claim (the key, and the daemon's directory name), or the shared GPU's
+    /// holder `shared:gpu-0` (directory `shared-gpu-0`).
     pub claim: String,
     /// The UUIDs the daemon serves (`CUDA_VISIBLE_DEVICES`).
     pub gpus: Vec<String>,

@@ -25,6 +25,8 @@ fn assert_state_empty(fs: &NodeFs) {
         assert_eq!(store.holder(&format!("gpu-{i}")).expect("read holder"), None, "gpu-{i} still held");
         assert_eq!(store.shares_of(&format!("gpu-{i}")).expect("read shares"), Vec::new(), "shares of gpu-{i} left");
     }
+    assert_eq!(store.gpu_changes().expect("read GPU changes"), Vec::new(), "GPU change records left");
+    assert_eq!(store.mps_daemons().expect("read MPS daemons"), Vec::new(), "MPS daemon records left");
 }
 
 #[cfg(debug_assertions)]
@@ -39,9 +41,9 @@ async fn assert_died(child: &mut ChildAgent, point: &str) {
 #[cfg(debug_assertions)]
 /// After the crash and a restart: the claim prepares, has exactly one spec, unprepares,
 /// and a second claim for the same device prepares too (no holding left behind).
-async fn converge(cluster: &Cluster, claim: &ClaimRef, other: &ClaimRef) {
+async fn converge(cluster: &Cluster, claim: &ClaimRef, other: &ClaimRef, sharing: Sharing) {
     let fs = cluster.fs();
-    let child = ChildAgent::start(cluster, "").await;
+    let child = start_agent(cluster, "", sharing).await;
     let mut v1 = child.v1().await;
     let ids = prepare_ok(&mut v1, claim).await;
     assert_eq!(ids.len(), 1, "{ids:?}");
@@ -79,6 +81,21 @@ enum Sharing {
     /// A 50Gi share of the 80Gi gpu-0: two cannot be held at once, so a share left behind
     /// by the crash would refuse the next claim.
     Share,
+    /// [`Sharing::Share`] on an agent with `sharing.enforcement = "mps"`: passes the MPS
+    /// failpoints (and the compute mode ones) for the GPU's daemon.
+    ShareMps,
+}
+
+#[cfg(debug_assertions)]
+/// Starts the agent with `failpoints`, configured for `sharing`.
+async fn start_agent(cluster: &Cluster, failpoints: &str, sharing: Sharing) -> ChildAgent {
+    let config = match sharing {
+        Sharing::ShareMps => {
+            cluster.config_file_with(NODE, &format!("gpus = {GPUS}\n[sharing]\nenforcement = \"mps\""))
+        }
+        _ => cluster.config_file(NODE),
+    };
+    ChildAgent::start_configured(cluster, &config, failpoints, &[]).await
 }
 
 #[cfg(debug_assertions)]
@@ -86,7 +103,7 @@ enum Sharing {
 fn gpu0_claim(cluster: &Cluster, name: &str, sharing: Sharing) -> ClaimRef {
     let strategy = match sharing {
         Sharing::Exclusive => return cluster.allocated_claim(name, "gpu-0"),
-        Sharing::Share => {
+        Sharing::Share | Sharing::ShareMps => {
             let share_id = if name == "victim" {
                 "6de5d941-c79d-4a8a-ba10-668351620525"
             } else {
@@ -117,10 +134,11 @@ fn assert_gpu_put_back(cluster: &Cluster, sharing: Sharing) {
     let fs = cluster.fs();
     let daemons = std::fs::read_dir(fs.paths().runtime_dir.join("mps")).map(|d| d.count()).unwrap_or(0);
     assert_eq!(daemons, 0, "MPS daemon directories left");
+    assert_eq!(fs.mps_control().running_daemons(), Vec::<u32>::new(), "MPS daemons left running");
     let mps = fs.mps_control().calls();
     let (starts, quits) =
         (mps.iter().filter(|c| c.starts_with("-d")).count(), mps.iter().filter(|c| *c == "quit").count());
-    if sharing == Sharing::Mps {
+    if matches!(sharing, Sharing::Mps | Sharing::ShareMps) {
         assert!(starts > 0 && quits > 0, "{mps:?}");
     } else {
         assert!(mps.is_empty(), "{mps:?}");
@@ -140,7 +158,7 @@ fn assert_interval_reset(cluster: &Cluster, time_sliced: bool) {
 
 #[cfg(debug_assertions)]
 async fn crash_in_prepare(point: &str, left: Left, sharing: Sharing) {
-    if sharing == Sharing::Mps && !crate::support::mps::is_root() {
+    if matches!(sharing, Sharing::Mps | Sharing::ShareMps) && !crate::support::mps::is_root() {
         eprintln!("{point}: skipped, an MPS daemon's own mount namespace needs root");
         return;
     }
@@ -149,7 +167,7 @@ async fn crash_in_prepare(point: &str, left: Left, sharing: Sharing) {
     let fs = cluster.fs();
     let claim = gpu0_claim(&cluster, "victim", sharing);
     let other = gpu0_claim(&cluster, "next", sharing);
-    let mut child = ChildAgent::start(&cluster, point).await;
+    let mut child = start_agent(&cluster, point, sharing).await;
     let mut v1 = child.v1().await;
     let outcome = prepare(&mut v1, std::slice::from_ref(&claim)).await;
     assert!(outcome.is_err(), "prepare should fail when edra dies at {point}: {outcome:?}");
@@ -158,7 +176,7 @@ async fn crash_in_prepare(point: &str, left: Left, sharing: Sharing) {
     if left.0 == Some(Phase::PrepareCompleted) {
         // Durable: the restarted agent answers from its state, without the API server.
         let mark = cluster.server.request_mark();
-        let restarted = ChildAgent::start(&cluster, "").await;
+        let restarted = start_agent(&cluster, "", sharing).await;
         prepare_ok(&mut restarted.v1().await, &claim).await;
         let claim_reads =
             cluster.server.requests()[mark..].iter().filter(|r| r.path.contains("/resourceclaims/")).count();
@@ -166,26 +184,26 @@ async fn crash_in_prepare(point: &str, left: Left, sharing: Sharing) {
         restarted.terminate().await;
     } else {
         // Rolled back at start: no spec until the kubelet retries.
-        let restarted = ChildAgent::start(&cluster, "").await;
+        let restarted = start_agent(&cluster, "", sharing).await;
         assert!(fs.spec_files().is_empty(), "recovery rolls back: {:?}", fs.spec_files());
         restarted.terminate().await;
         assert_eq!(phase_of(&fs, &claim.uid), None, "recovery removes the interrupted record");
         assert_interval_reset(&cluster, time_sliced && !fs.nvidia_smi().calls().is_empty());
     }
-    converge(&cluster, &claim, &other).await;
+    converge(&cluster, &claim, &other, sharing).await;
     assert_gpu_put_back(&cluster, sharing);
 }
 
 #[cfg(debug_assertions)]
 async fn crash_in_unprepare(point: &str, left: Left, sharing: Sharing) {
-    if sharing == Sharing::Mps && !crate::support::mps::is_root() {
+    if matches!(sharing, Sharing::Mps | Sharing::ShareMps) && !crate::support::mps::is_root() {
         eprintln!("{point}: skipped, an MPS daemon's own mount namespace needs root");
         return;
     }
     let cluster = Cluster::start().await;
     let claim = gpu0_claim(&cluster, "victim", sharing);
     let other = gpu0_claim(&cluster, "next", sharing);
-    let mut child = ChildAgent::start(&cluster, point).await;
+    let mut child = start_agent(&cluster, point, sharing).await;
     let mut v1 = child.v1().await;
     prepare_ok(&mut v1, &claim).await;
     let outcome = unprepare(&mut v1, std::slice::from_ref(&claim)).await;
@@ -194,7 +212,7 @@ async fn crash_in_unprepare(point: &str, left: Left, sharing: Sharing) {
     let fs = cluster.fs();
     assert_eq!((phase_of(&fs, &claim.uid), fs.spec_file(&claim.uid).exists()), left, "left by a crash at {point}");
     // The kubelet retries the unprepare first, then (for a new pod) may prepare again.
-    let restarted = ChildAgent::start(&cluster, "").await;
+    let restarted = start_agent(&cluster, "", sharing).await;
     let kept = usize::from(left.0.is_some());
     assert_eq!(fs.spec_files().len(), kept, "recovery re-writes the spec of a kept record, removes nothing else");
     let mut v1 = restarted.v1().await;
@@ -202,7 +220,7 @@ async fn crash_in_unprepare(point: &str, left: Left, sharing: Sharing) {
     assert!(fs.spec_files().is_empty(), "spec files left: {:?}", fs.spec_files());
     restarted.terminate().await;
     assert_state_empty(&fs);
-    converge(&cluster, &claim, &other).await;
+    converge(&cluster, &claim, &other, sharing).await;
     assert_gpu_put_back(&cluster, sharing);
 }
 
@@ -454,4 +472,35 @@ async fn crash_after_a_share_is_completed_keeps_it() {
 async fn crash_in_a_shares_unprepare_converges() {
     crash_in_unprepare("unprepare-after-cdi-remove", (Some(Phase::PrepareCompleted), false), Sharing::Share).await;
     crash_in_unprepare("unprepare-after-record-remove", (None, false), Sharing::Share).await;
+}
+
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn crash_in_a_prepare_with_mps_enforcement_leaves_no_daemon_and_no_holding() {
+    // The first share of gpu-0 records EXCLUSIVE_PROCESS, sets it, records the GPU's
+    // daemon and starts it: a crash after each is rolled back at the next start.
+    for point in [
+        "prepare-after-gpu-recorded",
+        "prepare-after-compute-mode",
+        "prepare-after-mps-recorded",
+        "prepare-after-mps-started",
+    ] {
+        crash_in_prepare(point, (Some(Phase::PrepareStarted), false), Sharing::ShareMps).await;
+    }
+}
+
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn a_share_with_mps_enforcement_converges_after_a_crash_once_completed() {
+    crash_in_prepare("prepare-after-completed", (Some(Phase::PrepareCompleted), true), Sharing::ShareMps).await;
+}
+
+#[cfg(debug_assertions)]
+#[tokio::test]
+async fn crash_in_the_last_shares_release_with_mps_enforcement_converges() {
+    // The claim's record is gone; the GPU's daemon quit (or its compute mode is back) and
+    // the GPU's records are left: the next start (or unprepare) finishes the put-back.
+    crash_in_unprepare("unprepare-after-mps-stop", (None, false), Sharing::ShareMps).await;
+    crash_in_unprepare("unprepare-after-compute-mode-restore", (None, false), Sharing::ShareMps).await;
+    crash_in_unprepare("unprepare-after-cdi-remove", (Some(Phase::PrepareCompleted), false), Sharing::ShareMps).await;
 }

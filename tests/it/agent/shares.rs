@@ -145,3 +145,83 @@ async fn shares_are_prepared_through_the_kubelet_socket_with_share_ids_and_accou
     assert!(e.contains("default/a (30Gi)") && e.contains("default/b (30Gi)"), "{e}");
     agent.stop().await;
 }
+
+#[tokio::test]
+async fn shares_with_mps_enforcement_share_one_daemon_that_outlives_a_kill_of_edra_as_root() {
+    use crate::support::agent::{ChildAgent, prepare_ok, unprepare_ok};
+    use crate::support::mps::{FakeMpsControl, is_root, start_time};
+    if !is_root() {
+        eprintln!("skipped: an MPS daemon's own mount namespace needs root");
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let fs = cluster.fs();
+    let config = cluster.config_file_with(NODE, &with_sharing("enforcement = \"mps\""));
+    let share = |name: &str, id: &str, memory: &str| {
+        cluster.put_claim(
+            ClaimBuilder::new("default", name)
+                .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-2").share(id, memory)),
+        )
+    };
+    let a = share("a", "6de5d941-c79d-4a8a-ba10-668351620525", "30Gi");
+    let b = share("b", "1b4e28ba-2fa1-41d2-883f-0016d3cca427", "20Gi");
+    let mut child = ChildAgent::start_configured(&cluster, &config, "", &[]).await;
+    let mut v1 = child.v1().await;
+    prepare_ok(&mut v1, &a).await;
+    prepare_ok(&mut v1, &b).await;
+    let mps = fs.mps_control();
+    let calls = mps.calls();
+    assert_eq!(calls.iter().filter(|c| c.starts_with("-d")).count(), 1, "one daemon for gpu-2: {calls:?}");
+    assert!(calls[0].starts_with("-d CUDA_VISIBLE_DEVICES=GPU-") && !calls[0].contains(','), "{calls:?}");
+    let dir = fs.paths().runtime_dir.join("mps/shared-gpu-2");
+    let pid = FakeMpsControl::pid_in(&dir).expect("the GPU's daemon has a pid file");
+    let started = start_time(pid).expect("the daemon runs");
+    assert_eq!(mps.running_daemons(), [pid]);
+    for (claim, mib) in [(&a, 30720), (&b, 20480)] {
+        let spec: Value = serde_json::from_slice(&std::fs::read(fs.spec_file(&claim.uid)).unwrap()).unwrap();
+        let edits = &spec["devices"][0]["containerEdits"];
+        let env = edits["env"].as_array().unwrap();
+        assert!(env.contains(&json!("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps")), "{edits}");
+        assert!(env.contains(&json!(format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mib}M"))), "{edits}");
+        let mounts: Vec<(&str, &str)> = edits["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["hostPath"].as_str().unwrap(), m["containerPath"].as_str().unwrap()))
+            .collect();
+        let (pipe, shm) = (dir.join("pipe").display().to_string(), dir.join("shm").display().to_string());
+        assert_eq!(mounts, [(pipe.as_str(), "/tmp/nvidia-mps"), (shm.as_str(), "/dev/shm")]);
+    }
+
+    // kill -9 of edra: the daemon keeps running, and the restarted edra adopts it.
+    child.kill().await;
+    assert_eq!(start_time(pid), Some(started), "the daemon outlives edra");
+    let child = ChildAgent::start_configured(&cluster, &config, "", &[]).await;
+    let mut v1 = child.v1().await;
+    unprepare_ok(&mut v1, &a).await;
+    assert_eq!(start_time(pid), Some(started), "adopted, and kept for the share that is left");
+    assert_eq!(mps.calls().iter().filter(|c| c.starts_with("-d")).count(), 1, "not started again");
+
+    // The daemon dies: supervision starts it again in the same directories.
+    // SAFETY: kill(2) on the stand-in daemon this test's agent started (checked alive above).
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let restarted = async {
+        loop {
+            let again = FakeMpsControl::pid_in(&dir).filter(|p| *p != pid && start_time(*p).is_some());
+            if let Some(again) = again
+                && child.stderr().contains("the shared GPU's MPS control daemon was not running; started it again")
+            {
+                return again;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let again = tokio::time::timeout(WAIT, restarted).await.expect("supervision starts the GPU's daemon again");
+    assert_eq!(mps.running_daemons(), [again]);
+
+    unprepare_ok(&mut v1, &b).await;
+    assert_eq!(start_time(again), None, "the last share's release stops it");
+    assert_eq!(mps.calls().last().map(String::as_str), Some("quit"));
+    assert!(!dir.exists() && mps.running_daemons().is_empty());
+    child.terminate().await;
+}

@@ -49,6 +49,22 @@ impl FakeMpsControl {
             .unwrap_or_default()
     }
 
+    /// The stand-in daemons of this script that still run (pids), found in /proc by their
+    /// command line: a daemon edra lost track of keeps running after its directories go.
+    pub fn running_daemons(&self) -> Vec<u32> {
+        let script = self.path.as_os_str().as_encoded_bytes();
+        let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let mut args = cmdline.split(|b| *b == 0);
+                args.any(|a| a == script) && cmdline.windows(8).any(|w| w == b"__daemon") && start_time(*pid).is_some()
+            })
+            .collect()
+    }
+
     /// The pid in daemon directory `dir`'s pid file, if any.
     pub fn pid_in(dir: &Path) -> Option<u32> {
         std::fs::read_to_string(dir.join("pipe/nvidia-cuda-mps-control.pid")).ok()?.trim().parse().ok()
