@@ -72,6 +72,14 @@ impl Preparer {
             Some(s) => !boot_id.is_empty() && *s != boot_id,
             None => false,
         };
+        let rebuilt = store.rebuild_share_lists()?;
+        if !rebuilt.is_empty() {
+            tracing::warn!(
+                gpus = ?rebuilt,
+                "rebuilt the unreadable share lists of {} from the claims' records",
+                rebuilt.join(", ")
+            );
+        }
         let locks = &self.inner.locks;
         for rec in store.claims()? {
             let _held = locks.lock_blocking(&rec.uid);

@@ -125,6 +125,18 @@ pub enum StateError {
         /// The other holders with their memory.
         holders: String,
     },
+    /// A GPU's stored list of shares cannot be read.
+    #[error(
+        "the share list of GPU {gpu} in edra's state cannot be read, so its free memory is unknown and no share of \
+         it is taken; restart edra, which rebuilds the list from the claims' records at start"
+    )]
+    SharesRecord {
+        /// The GPU (device name).
+        gpu: String,
+        /// The cause.
+        #[source]
+        source: RecordError,
+    },
     /// A stored GPU change record cannot be used.
     #[error("the stored change record of GPU {uuid} cannot be read; upgrade edra or move the state directory aside")]
     GpuRecord {
@@ -448,7 +460,7 @@ impl Store {
         self.inner.syncs_left.store(ok.unwrap_or(u64::MAX), std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Writes raw bytes into tree `claims`, `gpu_changes`, `mps_daemons` or `meta`, durably (tests only: records and
+    /// Writes raw bytes into tree `claims`, `gpu_changes`, `mps_daemons`, `shares` or `meta`, durably (tests only: records and
     /// versions no edra writes).
     #[cfg(test)]
     pub(crate) fn raw_insert(&self, tree: &str, key: &[u8], value: &[u8]) {
@@ -457,6 +469,7 @@ impl Store {
                 "meta" => &db.meta,
                 "gpu_changes" => &db.gpu_changes,
                 "mps_daemons" => &db.mps_daemons,
+                "shares" => &db.shares,
                 _ => &db.claims,
             };
             t.insert(key, value).map_err(db_err("insert (test)"))?;
@@ -631,12 +644,60 @@ impl Store {
         })
     }
 
-    /// The shares held on GPU `gpu` (device name), in the order they were taken.
+    /// The shares held on GPU `gpu` (device name), in the order they were taken; an
+    /// unreadable list is an error, never "no shares".
     pub fn shares_of(&self, gpu: &str) -> Result<Vec<ShareHolding>, StateError> {
         self.with_db(|db| {
             let v = db.shares.get(gpu.as_bytes()).map_err(db_err("read a GPU's shares"))?;
-            Ok(v.and_then(|b| record::decode_shares(&b).ok()).unwrap_or_default())
+            match v {
+                None => Ok(Vec::new()),
+                Some(b) => record::decode_shares(&b)
+                    .map_err(|source| Failure::Plain(StateError::SharesRecord { gpu: gpu.to_string(), source })),
+            }
         })
+    }
+
+    /// Rebuilds every unreadable share list from the claims' records (the source of truth:
+    /// each record names its shares), durably; returns the GPUs rebuilt.
+    pub fn rebuild_share_lists(&self) -> Result<Vec<String>, StateError> {
+        let unreadable: Vec<String> = self.with_db(|db| {
+            let mut out = Vec::new();
+            for item in db.shares.iter() {
+                let (k, v) = item.map_err(db_err("list shared GPUs"))?;
+                if record::decode_shares(&v).is_err() {
+                    out.push(String::from_utf8_lossy(&k).into_owned());
+                }
+            }
+            Ok(out)
+        })?;
+        if unreadable.is_empty() {
+            return Ok(unreadable);
+        }
+        let claims = self.claims()?;
+        self.with_db(|db| {
+            for gpu in &unreadable {
+                let list: Vec<ShareHolding> = claims
+                    .iter()
+                    .flat_map(|c| {
+                        c.shares().filter(|(_, s)| s.gpu == *gpu).map(|(d, s)| ShareHolding {
+                            claim: c.uid.clone(),
+                            device: d.device.clone(),
+                            share_id: d.share_id.clone(),
+                            memory: s.memory,
+                        })
+                    })
+                    .collect();
+                if list.is_empty() {
+                    db.shares.remove(gpu.as_bytes()).map_err(db_err("rebuild a GPU's shares"))?;
+                } else {
+                    db.shares
+                        .insert(gpu.as_bytes(), record::encode_shares(&list))
+                        .map_err(db_err("rebuild a GPU's shares"))?;
+                }
+            }
+            self.durable(db)
+        })?;
+        Ok(unreadable)
     }
 
     /// Deletes claim `uid`, releases its devices and drops its GPU change records and its
@@ -821,8 +882,16 @@ impl Store {
 fn read_shares(
     shares: &sled::transaction::TransactionalTree,
     gpu: &[u8],
-) -> Result<Vec<ShareHolding>, sled::transaction::UnabortableTransactionError> {
-    Ok(shares.get(gpu)?.and_then(|b| record::decode_shares(&b).ok()).unwrap_or_default())
+) -> Result<Vec<ShareHolding>, ConflictableTransactionError<StateError>> {
+    match shares.get(gpu)? {
+        None => Ok(Vec::new()),
+        Some(b) => record::decode_shares(&b).map_err(|source| {
+            ConflictableTransactionError::Abort(StateError::SharesRecord {
+                gpu: String::from_utf8_lossy(gpu).into_owned(),
+                source,
+            })
+        }),
+    }
 }
 
 /// Drops `claim`'s shares from `gpu`'s list in a transaction.
@@ -831,7 +900,11 @@ fn release_shares(
     gpu: &[u8],
     claim: &str,
 ) -> Result<(), sled::transaction::UnabortableTransactionError> {
-    let mut list = read_shares(shares, gpu)?;
+    // An unreadable list stays as it is (it refuses new shares of the GPU until it is
+    // rebuilt from the claims' records at the next start), so the release itself goes on.
+    let Some(mut list) = shares.get(gpu)?.and_then(|b| record::decode_shares(&b).ok()) else {
+        return Ok(());
+    };
     let before = list.len();
     list.retain(|h| h.claim != claim);
     if list.len() != before {

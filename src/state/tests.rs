@@ -300,3 +300,37 @@ fn a_newer_gpu_change_record_is_refused_with_what_to_do() {
     let msg = crate::util::error_chain(&e);
     assert!(msg.contains("GPU-a") && msg.contains("schema version 9") && msg.contains("upgrade edra"), "{msg}");
 }
+
+fn share_of(name: &str, gpu: &str, memory: u64) -> DeviceRecord {
+    DeviceRecord {
+        share_id: Some(format!("{name}-0000-4000-8000-000000000000")),
+        share: Some(ShareRecord { gpu: gpu.into(), memory, gpu_memory: 80 << 30 }),
+        ..device(gpu, false)
+    }
+}
+
+#[test]
+fn an_unreadable_share_list_refuses_new_shares_of_its_gpu_until_rebuilt_from_the_claims() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    let mut a = record("a", vec![share_of("aaaaaaaa", "gpu-0", 50 << 30)]);
+    a.phase = Phase::PrepareCompleted;
+    s.put_claim(&a).unwrap();
+    s.raw_insert("shares", b"gpu-0", b"{not a list");
+    let err = s.shares_of("gpu-0").expect_err("an unreadable list is not an empty one");
+    assert!(err.to_string().contains("share list of GPU gpu-0"), "{err}");
+    // 50Gi are taken: a 50Gi share must not fit, whatever the list says.
+    let b = record("b", vec![share_of("bbbbbbbb", "gpu-0", 50 << 30)]);
+    let err = s.put_claim(&b).expect_err("no share is taken against an unknown list");
+    assert!(err.to_string().contains("restart edra, which rebuilds the list"), "{err}");
+    assert!(s.claim("b").unwrap().is_none());
+    assert_eq!(s.rebuild_share_lists().unwrap(), ["gpu-0"]);
+    assert_eq!(s.shares_of("gpu-0").unwrap().len(), 1, "a's share, from its record");
+    assert!(matches!(s.put_claim(&b), Err(StateError::SharesExceed { .. })), "and it is accounted again");
+    assert!(s.rebuild_share_lists().unwrap().is_empty(), "nothing left to rebuild");
+    // A release goes on with an unreadable list (it is rebuilt at the next start).
+    s.raw_insert("shares", b"gpu-0", b"[1,2");
+    assert!(s.remove_claim("a").unwrap().is_some());
+    assert_eq!(s.rebuild_share_lists().unwrap(), ["gpu-0"]);
+    assert!(s.shares_of("gpu-0").unwrap().is_empty());
+}
