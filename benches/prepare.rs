@@ -446,6 +446,7 @@ async fn breakdown(sample: Sample) {
                 admin_access: false,
                 share_id: None,
                 share: None,
+                mig: None,
                 config: Default::default(),
             }],
             cdi_spec_path: cdi_dir.join(format!("{uid}.json")),

@@ -145,6 +145,7 @@ impl Fixture {
                 replicas: 4,
                 ..crate::sharing::SharingSettings::default()
             },
+            mig: crate::mig::MigSettings::default(),
         };
         let store = open_when_unlocked(&root.join("state"));
         let claims = Arc::new(MemClaims::default());

@@ -165,7 +165,7 @@ impl MigControl for MockMigControl {
 #[cfg(test)]
 mod tests {
     use crate::config::{Config, LoadContext, Overrides};
-    use crate::gpu::mig::{MigControl, MigError, Placement};
+    use crate::gpu::mig::{MigError, Placement};
     use crate::inventory::mock::MockBackend;
     use crate::inventory::{DeviceBackend, DeviceKind};
 

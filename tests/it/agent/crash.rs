@@ -314,7 +314,10 @@ async fn an_mps_claim_converges_after_a_crash_once_completed() {
 #[test]
 fn every_failpoint_is_covered() {
     let covered = [
+        "prepare-after-mig-intent",
         "prepare-after-started",
+        "prepare-after-mig-created",
+        "prepare-after-mig-recorded",
         "prepare-after-gpu-recorded",
         "prepare-after-compute-mode",
         "prepare-after-timeslice",
@@ -327,6 +330,8 @@ fn every_failpoint_is_covered() {
         "unprepare-after-mps-stop",
         "unprepare-after-timeslice-reset",
         "unprepare-after-compute-mode-restore",
+        "unprepare-after-mig-releasing",
+        "unprepare-after-mig-destroyed",
         "unprepare-after-record-remove",
     ];
     assert_eq!(edra::prepare::failpoint::POINTS, covered);
