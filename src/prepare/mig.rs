@@ -22,6 +22,32 @@ use crate::inventory::{Device, DeviceKind, Inventory, MigInfo};
 use crate::mig::OwnedInstances;
 use crate::state::{ClaimRecord, DeviceRecord, MigRecord, MigState};
 
+/// A MIG instance could not be listed, created or destroyed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot {action} the MIG instance of {device} (profile {profile} at placement {placement} of GPU {gpu}); {}",
+    if *.action == "destroy" {
+        "the kubelet retries the unprepare; check the GPU with nvidia-smi mig -lgi"
+    } else {
+        "the kubelet retries; if this persists, delete the pod so the claim is allocated again"
+    }
+)]
+pub struct MigFailure {
+    /// `list`, `create` or `destroy`.
+    pub action: &'static str,
+    /// The device as allocated.
+    pub device: String,
+    /// The GPU instance profile.
+    pub profile: String,
+    /// The placement.
+    pub placement: crate::gpu::mig::Placement,
+    /// The GPU's UUID.
+    pub gpu: String,
+    /// The backend's error.
+    #[source]
+    pub source: MigError,
+}
+
 /// What recovery did to the MIG instances of a completed claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MigCheck {
@@ -153,14 +179,14 @@ impl Preparer {
     }
 
     fn mig_error(d: &DeviceRecord, m: &MigRecord, action: &'static str, source: MigError) -> PrepareError {
-        PrepareError::Mig {
+        PrepareError::Mig(Box::new(MigFailure {
             action,
             device: d.device.clone(),
             profile: m.profile.clone(),
             placement: m.placement,
             gpu: m.gpu.clone(),
             source,
-        }
+        }))
     }
 
     /// The MIG control, or why a MIG device cannot be prepared.

@@ -19,7 +19,7 @@ pub mod config;
 pub mod driver_files;
 pub mod failpoint;
 pub mod locks;
-pub(crate) mod mig;
+pub mod mig;
 pub mod mps;
 pub mod plan;
 pub mod recover;
@@ -427,29 +427,8 @@ pub enum PrepareError {
         reason: String,
     },
     /// A MIG instance could not be listed, created or destroyed.
-    #[error(
-        "cannot {action} the MIG instance of {device} (profile {profile} at placement {placement} of GPU {gpu}); {}",
-        if *.action == "destroy" {
-            "the kubelet retries the unprepare; check the GPU with nvidia-smi mig -lgi"
-        } else {
-            "the kubelet retries; if this persists, delete the pod so the claim is allocated again"
-        }
-    )]
-    Mig {
-        /// `list`, `create` or `destroy`.
-        action: &'static str,
-        /// The device as allocated.
-        device: String,
-        /// The GPU instance profile.
-        profile: String,
-        /// The placement.
-        placement: crate::gpu::mig::Placement,
-        /// The GPU's UUID.
-        gpu: String,
-        /// The backend's error.
-        #[source]
-        source: crate::gpu::mig::MigError,
-    },
+    #[error(transparent)]
+    Mig(Box<mig::MigFailure>),
     /// A prepared claim's MIG instance was lost and could not be created again.
     #[error(
         "the MIG instance of {device} (profile {profile} at placement {placement} of GPU {gpu}) was lost, most likely \

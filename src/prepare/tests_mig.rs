@@ -332,7 +332,7 @@ async fn a_crash_at_every_mig_failpoint_converges() {
         ok(&m.f.preparer.prepare(vec![mref(UID1)]).await, UID1);
         assert_eq!(m.instances().len(), 2, "{point}");
         assert_eq!(m.f.preparer.unprepare(vec![mref(UID1)]).await[UID1], Ok(()), "{point}");
-        assert_eq!(m.instances(), [foreign.clone()], "{point}");
+        assert_eq!(m.instances(), std::slice::from_ref(&foreign), "{point}");
         assert!(m.f.preparer.store().claims().unwrap().is_empty(), "{point}");
     }
 }
