@@ -29,7 +29,7 @@ fn assert_state_empty(fs: &NodeFs) {
 
 #[cfg(debug_assertions)]
 /// Waits for the aborted child, asserts it died by a signal.
-async fn assert_died(child: &mut ChildAgent, point: &str) {
+pub(super) async fn assert_died(child: &mut ChildAgent, point: &str) {
     let status = child.wait_exit().await;
     assert!(!status.success() && status.code().is_none(), "edra should abort at {point}, exited with {status}");
     let said = format!("edra: failpoint {point} hit; aborting");
