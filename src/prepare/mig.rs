@@ -235,7 +235,7 @@ impl Preparer {
         let created =
             control.create_mig(&m.gpu, &profile, m.placement).map_err(|e| Self::mig_error(d, &m, "create", e))?;
         failpoint::hit("prepare-after-mig-created");
-        tracing::info!(claim.uid = %record.uid, device = %d.device, gpu = %m.gpu, gi = created.gi, uuid = ?created.uuid, "MIG instance created");
+        tracing::info!(claim.uid = %record.uid, device = %d.device, gpu = %m.gpu, gi = created.gi, uuid = created.uuid.as_deref().unwrap_or_default(), "MIG instance created");
         if let Some(slot) = record.devices.get_mut(index).and_then(|d| d.mig.as_mut()) {
             slot.state = MigState::Created;
             slot.gi = Some(created.gi);
@@ -384,7 +384,7 @@ impl Preparer {
             match control.create_mig(&m.gpu, &profile, m.placement) {
                 Ok(i) => {
                     self.record_created(&mut record, index, &i)?;
-                    tracing::info!(claim.uid = %rec.uid, device = %d.device, gpu = %m.gpu, gi = i.gi, uuid = ?i.uuid, "re-created a lost MIG instance at its placement");
+                    tracing::info!(claim.uid = %rec.uid, device = %d.device, gpu = %m.gpu, gi = i.gi, uuid = i.uuid.as_deref().unwrap_or_default(), "re-created a lost MIG instance at its placement");
                     outcome = outcome.max_with(MigCheck::Recreated);
                 }
                 Err(e) => {

@@ -108,6 +108,12 @@ fn mref(uid: &str) -> ClaimRef {
     cref(uid, uid)
 }
 
+/// docs/mig.md quotes `message` as edra gives it.
+fn documented(message: &str) {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/mig.md")).unwrap();
+    assert!(doc.contains(message), "docs/mig.md does not quote {message:?}");
+}
+
 fn nodes(spec: &cdi::Spec) -> Vec<String> {
     spec.devices[0].container_edits.device_nodes.iter().map(|n| n.path.clone()).collect()
 }
@@ -174,6 +180,7 @@ async fn an_occupied_placement_fails_only_its_claim_and_the_foreign_instance_sta
         "{e}"
     );
     assert!(e.contains("another MIG instance occupies those memory slices"), "{e}");
+    documented(&e);
     ok(&r, UID2);
     assert!(m.f.preparer.store().claim(UID1).unwrap().is_none(), "nothing recorded for the failed claim");
     assert!(m.instances().contains(&foreign));
@@ -186,6 +193,7 @@ async fn an_occupied_placement_fails_only_its_claim_and_the_foreign_instance_sta
     m.f.claims.put(claim(UID3, UID3, &[("gpu", DRIVER, NODE, LOW, false)], sliced));
     let e = err(&m.f.preparer.prepare(vec![mref(UID3)]).await, UID3);
     assert!(e.contains("cannot apply to MIG device"), "{e}");
+    documented(&e);
 }
 
 #[tokio::test]
@@ -196,6 +204,7 @@ async fn mig_devices_need_a_gpu_in_mig_mode_and_a_backend_that_creates_instances
     let e = err(&f.preparer.prepare(vec![mref(UID1)]).await, UID1);
     assert!(e.starts_with(&format!("MIG device {HIGH} cannot be prepared: GPU gpu-0 (")), "{e}");
     assert!(e.contains("is not in MIG mode; delete the pod"), "{e}");
+    documented(&e);
 
     let m = Mig::over(Fixture::new(), false);
     m.f.claims.put(mig_claim(UID1, HIGH));
@@ -270,6 +279,7 @@ async fn an_instance_that_cannot_be_created_again_fails_the_next_prepare_clearly
             && e.ends_with("delete the pod so the claim is allocated again"),
         "{e}"
     );
+    documented(&e);
     assert_eq!(m.f.preparer.unprepare(vec![mref(UID1)]).await[UID1], Ok(()));
     assert_eq!(m.instances(), [foreign]);
     assert!(m.f.preparer.store().claims().unwrap().is_empty());
