@@ -153,6 +153,26 @@ fn gone(e: &MigError) -> bool {
 }
 
 impl Preparer {
+    /// The current inventory as prepare sees it: with the whole GPU of each GPU selected
+    /// for dynamic MIG that is in MIG mode (published whole, consuming all its counters,
+    /// but not among the backend's devices, which are its MIG instances), so a claim for
+    /// the whole GPU is prepared as for any GPU.
+    pub(super) fn inventory_view(&self) -> Arc<Inventory> {
+        let inventory = self.inner.inventory.borrow().clone();
+        let mig = &self.inner.settings.mig;
+        let missing = |g: &&crate::gpu::mig::MigGpu| {
+            g.device.kind == DeviceKind::Gpu
+                && mig.dynamic.selects(&g.device)
+                && inventory.device(&g.device.name).is_none()
+        };
+        if !mig.any() || !inventory.mig_gpus.iter().any(|g| missing(&g)) {
+            return inventory;
+        }
+        let mut view = (*inventory).clone();
+        view.devices.extend(inventory.mig_gpus.iter().filter(missing).map(|g| g.device.clone()));
+        Arc::new(view)
+    }
+
     /// The backend's MIG control, if it has one.
     fn mig_control(&self) -> Option<&dyn MigControl> {
         self.inner.backend.as_deref().and_then(|b| b.mig())
@@ -342,9 +362,9 @@ impl Preparer {
             };
             let instances = match control.mig_instances(&m.gpu) {
                 Ok(i) => i,
+                // Unknown, not lost: the claim is kept as it is, and checked at the next start.
                 Err(e) => {
-                    outcome = MigCheck::Lost;
-                    self.mark_lost(&mut record, index, e.to_string())?;
+                    tracing::warn!(claim.uid = %rec.uid, device = %d.device, gpu = %m.gpu, error = %e, "cannot check that a prepared claim's MIG instance still exists; kept as recorded");
                     continue;
                 }
             };

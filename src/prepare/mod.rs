@@ -629,7 +629,7 @@ impl Preparer {
     /// Builds and checks the spec of `record` from the current inventory.
     fn spec_for(&self, record: &ClaimRecord) -> Result<cdi::Spec, PrepareError> {
         let s = &self.inner.settings;
-        let inventory = self.inner.inventory.borrow().clone();
+        let inventory = self.inventory_view();
         let inventory = match record.migs().next() {
             None => inventory,
             Some(_) => {
@@ -710,7 +710,7 @@ impl Preparer {
         }
         let fetched =
             self.inner.claims.get_claim(&claim.namespace, &claim.name, deadline).await.map_err(PrepareError::Fetch)?;
-        let inventory = self.inner.inventory.borrow().clone();
+        let inventory = self.inventory_view();
         let devices = plan::plan(&self.inner.settings, &claim, &fetched, &inventory)?;
         let gpus = plan::timeslicing_gpus(&devices, &inventory);
         let mps_plan = match devices.iter().any(|d| d.mig.is_some()) {
@@ -785,7 +785,7 @@ impl Preparer {
                     false => p,
                     true => {
                         let s = &self.inner.settings;
-                        let inventory = self.inner.inventory.borrow().clone();
+                        let inventory = self.inventory_view();
                         let inventory = mig::with_mig_devices(&inventory, &record.devices, &s.dev_root, &s.proc_root);
                         created = plan::mps_plan(&record.devices, &inventory)?;
                         created.as_ref().unwrap_or(p)

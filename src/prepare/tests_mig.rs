@@ -165,6 +165,19 @@ async fn prepare_creates_and_records_the_instance_and_unprepare_destroys_it() {
 }
 
 #[tokio::test]
+async fn the_whole_gpu_of_a_dynamic_gpu_is_prepared_as_any_gpu() {
+    let m = Mig::new();
+    m.f.claims.put(mig_claim(UID1, "gpu-1"));
+    assert_eq!(ok(&m.f.preparer.prepare(vec![mref(UID1)]).await, UID1)[0].device_name, "gpu-1");
+    let spec = m.spec(UID1);
+    assert_eq!(nodes(&spec), ["/dev/nvidia1"]);
+    let uuid = crate::inventory::mock::gpu_uuid(NODE, 1);
+    assert_eq!(spec.devices[0].container_edits.env, [format!("EDRA_DEVICE_GPU_1_UUID={uuid}")]);
+    assert!(m.f.preparer.store().claim(UID1).unwrap().unwrap().devices[0].mig.is_none());
+    assert_eq!(m.f.preparer.unprepare(vec![mref(UID1)]).await[UID1], Ok(()));
+}
+
+#[tokio::test]
 async fn an_occupied_placement_fails_only_its_claim_and_the_foreign_instance_stays() {
     let m = Mig::new();
     let foreign = m.foreign(19, 5);
