@@ -359,3 +359,31 @@ async fn a_crash_at_every_mig_failpoint_converges() {
         assert!(m.f.preparer.store().claims().unwrap().is_empty(), "{point}");
     }
 }
+
+#[test]
+fn an_mps_claim_on_a_mig_device_serves_the_created_mig_uuid_as_root() {
+    if !crate::gpu::mps::tests::root_or_skip("an_mps_claim_on_a_mig_device_serves_the_created_mig_uuid_as_root") {
+        return;
+    }
+    let m = Mig::new();
+    let mps = json!([{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters":
+        {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig",
+         "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 25}}}}}]);
+    m.f.claims.put(claim(UID1, UID1, &[("gpu", DRIVER, NODE, HIGH, false)], mps));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    ok(&rt.block_on(m.f.preparer.prepare(vec![mref(UID1)])), UID1);
+    let uuid = m.instances()[0].uuid.clone().unwrap();
+    assert_eq!(
+        m.f.mps.calls(),
+        [
+            format!("-d CUDA_VISIBLE_DEVICES={uuid}"),
+            "get_server_list".into(),
+            "set_default_active_thread_percentage 25".into()
+        ]
+    );
+    let parent = m.gpu0();
+    assert_eq!(m.backend.compute_mode(&parent).unwrap(), crate::gpu::ComputeMode::Default, "the parent's mode stays");
+    assert_eq!(rt.block_on(m.f.preparer.unprepare(vec![mref(UID1)]))[UID1], Ok(()));
+    assert!(m.f.mps.calls().iter().any(|c| c == "quit"), "{:?}", m.f.mps.calls());
+    assert!(m.instances().is_empty());
+}
