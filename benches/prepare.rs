@@ -40,6 +40,10 @@ async fn main() {
         shares().await;
         return;
     }
+    if std::env::args().any(|a| a == "mig") {
+        mig().await;
+        return;
+    }
     if std::env::args().any(|a| a == "single") {
         drop(single(8, Layout::Production).await);
         burst().await;
@@ -53,7 +57,70 @@ async fn main() {
     time_slicing().await;
     mps().await;
     shares().await;
+    mig().await;
     breakdown(sample).await;
+}
+
+/// MIG devices prepared in the MIG section.
+const MIG_CLAIMS: usize = 300;
+
+/// Dynamic MIG devices on the mock backend in MIG mode (8 A100 80GB): prepare records the
+/// intent (PrepareStarted, durable), creates the instance (the mock's state file: read,
+/// atomic write with fsync, directory fsync), records its IDs (durable), writes the spec
+/// and records PrepareCompleted; unprepare records the release (durable), destroys the
+/// instance (another state file write) and removes the record. A real GPU's create and
+/// destroy take far longer than the mock's file; the rows below the calls are the mock
+/// alone, so the difference is edra's overhead.
+async fn mig() {
+    let settings = SiteSettings { gpus: 8, rate_limit: UNLIMITED, mig_mode: true, ..SiteSettings::default() };
+    let site = Site::new(Options::default(), settings).await;
+    let agent = InProcessAgent::start(site.config.clone()).await;
+    common::register(&site.registration_socket()).await;
+    let mut client = support::kubelet::dra_v1(&site.dra_socket()).await;
+    let warmup = 16;
+    let (mut prep, mut repeat, mut release) = (Samples::default(), Samples::default(), Samples::default());
+    for k in 0..(warmup + MIG_CLAIMS) {
+        let device = format!("gpu-{}-mig-3g40gb-9-{}", k % 8, 4 * ((k / 8) % 2));
+        let claim = site.claim(&format!("mig{k}"), &[device]);
+        let p = prepare(&mut client, vec![claim.clone()]).await;
+        let r = prepare(&mut client, vec![claim.clone()]).await;
+        let u = unprepare(&mut client, vec![claim]).await;
+        if k >= warmup {
+            prep.push(p);
+            repeat.push(r);
+            release.push(u);
+        }
+    }
+    agent.stop();
+    // The mock's create and destroy alone, on the same state file.
+    let backend = edra::inventory::mock::MockBackend::new(&site.config);
+    let inventory = edra::inventory::DeviceBackend::discover(&backend).expect("discover");
+    assert!(inventory.devices.is_empty(), "every MIG instance was destroyed");
+    let gpu = &inventory.mig_gpus[0];
+    let profile = gpu.capability.profile(9).expect("3g.40gb").clone();
+    let control = backend.mig_control().expect("MIG mode");
+    let (mut create, mut destroy) = (Samples::default(), Samples::default());
+    for k in 0..MIG_CLAIMS {
+        let placement = profile.placements[k % 2];
+        let t = Instant::now();
+        let i = edra::gpu::mig::MigControl::create_mig(control, &gpu.uuid, &profile, placement).expect("create");
+        create.push(t.elapsed());
+        let t = Instant::now();
+        edra::gpu::mig::MigControl::destroy_mig(control, &gpu.uuid, i.gi, i.ci).expect("destroy");
+        destroy.push(t.elapsed());
+    }
+    println!(
+        "## Dynamic MIG ({MIG_CLAIMS} claims of one 3g.40gb device, each prepared, prepared again, unprepared; mock \
+         backend in MIG mode, 8 A100 80GB; {}; rate limit lifted)\n",
+        site.layout_note
+    );
+    println!("{}", latency_header());
+    println!("{}", prep.row("prepare, MIG device (create)"));
+    println!("{}", repeat.row("prepare again (from state)"));
+    println!("{}", release.row("unprepare, MIG device (destroy)"));
+    println!("{}", create.row("  mock create alone (state file)"));
+    println!("{}", destroy.row("  mock destroy alone (state file)"));
+    println!();
 }
 
 /// Claims measured in the shares section.
@@ -506,6 +573,7 @@ async fn breakdown(sample: Sample) {
                 admin_access: false,
                 share_id: None,
                 share: None,
+                mig: None,
                 config: Default::default(),
             }],
             cdi_spec_path: cdi_dir.join(format!("{uid}.json")),

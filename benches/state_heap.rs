@@ -72,6 +72,7 @@ fn record(i: usize) -> ClaimRecord {
             admin_access: false,
             share_id: None,
             share: None,
+            mig: None,
             config: GpuConfig::default(),
         }],
         cdi_spec_path: format!("/var/run/cdi/k8s.gpu.edra.dev-claim_{uid}.json").into(),

@@ -267,7 +267,7 @@ async fn open_and_recover(
     config: &Config,
     inventory: watch::Receiver<Arc<Inventory>>,
     cluster: Arc<Cluster>,
-    compute_modes: Arc<dyn crate::gpu::ComputeModes>,
+    backend: Arc<dyn DeviceBackend>,
 ) -> Result<Preparer, AppError> {
     let state_dir = config.paths.state_dir.clone();
     let store = tokio::task::spawn_blocking(move || Store::open(&state_dir))
@@ -279,7 +279,7 @@ async fn open_and_recover(
         None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra")),
     };
     let preparer =
-        Preparer::new(store, inventory, cluster, PrepareSettings::from_config(config, hook_binary), compute_modes);
+        Preparer::with_backend(store, inventory, cluster, PrepareSettings::from_config(config, hook_binary), backend);
     let recovering = preparer.clone();
     // Recovery logs what it did ("state recovered").
     tokio::task::spawn_blocking(move || recovering.recover())

@@ -35,6 +35,7 @@ pub struct Site {
     /// Where the CDI directory is, in words, for the tables.
     pub layout_note: String,
     _cdi_tmp: Option<tempfile::TempDir>,
+    _run_tmp: Option<tempfile::TempDir>,
     pub server: TestApiServer,
     pub config_path: PathBuf,
     pub config: Config,
@@ -51,6 +52,8 @@ pub struct SiteSettings {
     /// Health events from `<dir>/gpu-events` (see [`Site::inject`]), probed every 100 ms,
     /// recovering after a quiet second.
     pub health_events: bool,
+    /// The mock GPUs in MIG mode, every one selected for dynamic MIG.
+    pub mig_mode: bool,
 }
 
 /// Where the state and CDI directories live.
@@ -79,6 +82,7 @@ impl Default for SiteSettings {
             rate_limit: None,
             layout: Layout::Production,
             health_events: false,
+            mig_mode: false,
         }
     }
 }
@@ -114,12 +118,21 @@ impl Site {
             std::fs::create_dir_all(d.join(sub)).expect("create a site directory");
         }
         // The host's /proc, as on a node (boot ID, driver parameters).
-        let paths = Paths {
+        let mut paths = Paths {
             cdi_spec_dirs: vec![cdi_dir.clone()],
             cdi_dynamic_dir: cdi_dir.clone(),
             proc_root: "/proc".into(),
             ..Paths::under(d)
         };
+        // MIG mode: the mock's instances in the runtime directory, on tmpfs as /run is on
+        // a node, when the CDI directory is.
+        let run_tmp = match (settings.mig_mode, &cdi_tmp) {
+            (true, Some(_)) => tempfile::tempdir_in(shm).ok(),
+            _ => None,
+        };
+        if let Some(run) = &run_tmp {
+            paths.runtime_dir = run.path().to_path_buf();
+        }
         let toml = format!(
             r#"node_name = "{NODE}"
 backend = "mock"
@@ -137,13 +150,17 @@ rediscovery_interval = "{rediscovery}"
 
 [mock]
 gpus = {gpus}
+{mig_mode}
 {health}
+{mig}
 "#,
             log = settings.log_level,
             kubeconfig = toml_path(&kubeconfig),
             paths = paths_toml(&paths),
             rediscovery = settings.rediscovery,
             gpus = settings.gpus,
+            mig_mode = if settings.mig_mode { "mig_mode = true" } else { "" },
+            mig = if settings.mig_mode { "[mig]\ndynamic = [\"*\"]" } else { "" },
             rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
             health = if settings.health_events {
                 let events = d.join("gpu-events");
@@ -169,7 +186,11 @@ gpus = {gpus}
             Ok(c) => c,
             Err(problems) => panic!("bench configuration rejected: {problems:?}"),
         };
-        Site { dir, cdi_dir, layout_note, _cdi_tmp: cdi_tmp, server, config_path, config }
+        let layout_note = match &run_tmp {
+            Some(_) => format!("{layout_note}, runtime dir (the mock's MIG instances) on tmpfs"),
+            None => layout_note,
+        };
+        Site { dir, cdi_dir, layout_note, _cdi_tmp: cdi_tmp, _run_tmp: run_tmp, server, config_path, config }
     }
 
     pub fn dra_socket(&self) -> PathBuf {

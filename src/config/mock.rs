@@ -1,7 +1,7 @@
 //! The mock backend's settings (`[mock]`): GPUs that exist only in configuration.
 
 use super::bounds;
-use super::source::{Raw, Reader, bytes, string, toml_value};
+use super::source::{Raw, Reader, boolean, bytes, string, toml_value};
 
 /// One mock GPU's MIG layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +33,10 @@ pub struct MockSettings {
     pub cuda_driver_version: String,
     /// MIG layouts; GPUs not listed are whole GPUs.
     pub mig: Vec<MockMig>,
+    /// Every GPU is in MIG mode with MIG instances created and destroyed on demand
+    /// (dynamic MIG), kept in `<paths.runtime_dir>/mock-mig.json`. Only GPUs whose model
+    /// has a known profile table (A100 40GB/80GB, H100 80GB) can be carved.
+    pub mig_mode: bool,
     /// A file whose appended lines inject health events (see `health::source`).
     pub events_file: Option<std::path::PathBuf>,
 }
@@ -49,6 +53,7 @@ impl Default for MockSettings {
             driver_version: "550.54.15".into(),
             cuda_driver_version: "12.4".into(),
             mig: Vec::new(),
+            mig_mode: false,
             events_file: None,
         }
     }
@@ -73,9 +78,18 @@ pub(super) fn read_mock(r: &mut Reader) -> MockSettings {
         driver_version: r.get("mock.driver_version", d.driver_version, nonempty_string),
         cuda_driver_version: r.get("mock.cuda_driver_version", d.cuda_driver_version, nonempty_string),
         mig: Vec::new(),
+        mig_mode: r.get("mock.mig_mode", d.mig_mode, boolean),
         events_file: r.opt("mock.events_file", super::source::abs_path),
     };
     m.mig = r.get("mock.mig", Vec::new(), |raw| parse_mock_mig(&toml_value(raw)?, gpus));
+    if m.mig_mode && !m.mig.is_empty() {
+        let origin = r.origin_of("mock.mig");
+        r.problem(
+            "mock.mig",
+            origin,
+            "cannot be combined with mock.mig_mode = true (MIG instances are then created on demand); remove one",
+        );
+    }
     m
 }
 

@@ -129,6 +129,15 @@ fn mock_mig_from_file_and_env() {
 }
 
 #[test]
+fn mock_mig_mode_is_read_and_not_combined_with_mock_mig() {
+    let f = write("[mock]\nmig_mode = true\n");
+    assert!(Config::load(&ctx(Some(f.path().into()), &[])).unwrap().mock.mig_mode);
+    let f = write("[mock]\nmig_mode = true\nmig = [{ gpu = 0, profiles = [\"1g.10gb\"] }]\n");
+    let err = Config::load(&ctx(Some(f.path().into()), &[])).unwrap_err();
+    assert!(err[0].to_string().contains("cannot be combined with mock.mig_mode"), "{}", err[0]);
+}
+
+#[test]
 fn runtime_config_paths_default_to_the_usual_files_and_are_overridable() {
     let cfg = Config::load(&ctx(None, &[])).unwrap();
     assert_eq!(cfg.runtime.k3s_containerd_config, Path::new("/var/lib/rancher/k3s/agent/etc/containerd/config.toml"));

@@ -8,6 +8,11 @@
 //! them for the mock bus IDs and they exist under `paths.dev_root`. MIG profiles (`mock.mig`) replace their parent GPU; their
 //! memory and multiprocessors are derived from the profile name. MIG capability device
 //! minors follow the NVIDIA driver's numbering (`/proc/driver/nvidia-caps/mig-minors`).
+//! With `mock.mig_mode = true` the GPUs are in MIG mode instead and their MIG instances are
+//! created and destroyed on demand ([`mig`]); the instances that exist are listed as MIG
+//! devices, as `mock.mig` ones are.
+
+pub mod mig;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,18 +35,60 @@ pub struct MockBackend {
     sys_root: PathBuf,
     /// Compute modes set so far, by GPU UUID (unset: Default, as after a boot).
     modes: Arc<Mutex<BTreeMap<String, ComputeMode>>>,
+    /// Dynamic MIG, with `mock.mig_mode` on a model with a known profile table.
+    mig: Option<Arc<mig::MockMigControl>>,
 }
 
 impl MockBackend {
     /// A backend serving `cfg.mock` for node `cfg.node_name`.
     pub fn new(cfg: &Config) -> Self {
-        Self {
+        let mut backend = Self {
             node: cfg.node_name.clone(),
             settings: cfg.mock.clone(),
             dev_root: cfg.paths.dev_root.clone(),
             sys_root: cfg.paths.sys_root.clone(),
             modes: Arc::default(),
+            mig: None,
+        };
+        let s = &backend.settings;
+        if s.mig_mode
+            && let Some(capability) = crate::gpu::mig::profiles::for_model(&s.product_name, s.memory)
+        {
+            let gpus = (0..s.gpus)
+                .map(|index| mig::MigModeGpu {
+                    uuid: gpu_uuid(&backend.node, index),
+                    index,
+                    capability: capability.clone(),
+                })
+                .collect();
+            let control = mig::MockMigControl::new(&backend.node, &cfg.paths.runtime_dir, gpus);
+            backend.mig = Some(Arc::new(control));
         }
+        backend
+    }
+
+    /// The dynamic MIG control, when the GPUs are in MIG mode (for tests and tools that
+    /// look at the mock's instances).
+    pub fn mig_control(&self) -> Option<&mig::MockMigControl> {
+        self.mig.as_deref()
+    }
+
+    /// The whole-GPU device of GPU `gpu`, with its DRM nodes.
+    fn whole_gpu(&self, gpu: &GpuFacts) -> super::Device {
+        let mut device = gpu_device(gpu, &self.dev_root);
+        if let Some(bus_id) = &gpu.pci_bus_id {
+            device.device_nodes.extend(super::host::drm_nodes(&self.sys_root, &self.dev_root, bus_id));
+        }
+        device
+    }
+
+    /// The MIG device of MIG instance `m` on `gpu`, with its capability nodes.
+    fn static_mig(&self, gpu: &GpuFacts, m: &MigFacts) -> super::Device {
+        let caps = vec![
+            self.dev_root.join(format!("nvidia-caps/nvidia-cap{}", gi_cap_minor(gpu.minor, m.gi))),
+            self.dev_root.join(format!("nvidia-caps/nvidia-cap{}", ci_cap_minor(gpu.minor, m.gi, m.ci))),
+        ];
+        mig_device(gpu, m, &self.dev_root, caps)
     }
 
     /// Whether `uuid` is one of this backend's full GPUs.
@@ -77,25 +124,40 @@ impl DeviceBackend for MockBackend {
 
     fn discover(&self) -> Result<Inventory, InventoryError> {
         let mut devices = Vec::new();
+        let mut mig_gpus = Vec::new();
         for index in 0..self.settings.gpus {
             let gpu = self.gpu_facts(index);
-            match self.settings.mig.iter().find(|m| m.gpu == index) {
-                None => {
-                    let mut device = gpu_device(&gpu, &self.dev_root);
-                    if let Some(bus_id) = &gpu.pci_bus_id {
-                        device.device_nodes.extend(super::host::drm_nodes(&self.sys_root, &self.dev_root, bus_id));
-                    }
-                    devices.push(device);
+            if let Some(control) = &self.mig {
+                let Some(mode) = control.gpus().iter().find(|g| g.index == index) else { continue };
+                let instances = control.instances_of(&mode.uuid).map_err(|e| InventoryError::Mock(e.to_string()))?;
+                for i in &instances {
+                    let (Some(ci), Some(uuid), Some(profile)) = (i.ci, &i.uuid, mode.capability.profile(i.profile_id))
+                    else {
+                        continue;
+                    };
+                    let facts = MigFacts {
+                        gi: i.gi,
+                        ci,
+                        uuid: uuid.clone(),
+                        profile: profile.name.clone(),
+                        memory: profile.memory,
+                        multiprocessors: profile.multiprocessors,
+                    };
+                    devices.push(self.static_mig(&gpu, &facts));
                 }
+                mig_gpus.push(crate::gpu::mig::MigGpu {
+                    uuid: mode.uuid.clone(),
+                    device: self.whole_gpu(&gpu),
+                    capability: mode.capability.clone(),
+                    instances,
+                });
+                continue;
+            }
+            match self.settings.mig.iter().find(|m| m.gpu == index) {
+                None => devices.push(self.whole_gpu(&gpu)),
                 Some(layout) => {
-                    let migs = mig_layout(&gpu, &layout.profiles, &self.node)?;
-                    for m in migs {
-                        let caps = vec![
-                            self.dev_root.join(format!("nvidia-caps/nvidia-cap{}", gi_cap_minor(gpu.minor, m.gi))),
-                            self.dev_root
-                                .join(format!("nvidia-caps/nvidia-cap{}", ci_cap_minor(gpu.minor, m.gi, m.ci))),
-                        ];
-                        devices.push(mig_device(&gpu, &m, &self.dev_root, caps));
+                    for m in mig_layout(&gpu, &layout.profiles, &self.node)? {
+                        devices.push(self.static_mig(&gpu, &m));
                     }
                 }
             }
@@ -108,9 +170,13 @@ impl DeviceBackend for MockBackend {
                 normalize_version(&self.settings.cuda_driver_version)
                     .unwrap_or_else(|| self.settings.cuda_driver_version.clone()),
             ),
-            mig_gpus: Vec::new(),
+            mig_gpus,
             counter_sets: Vec::new(),
         })
+    }
+
+    fn mig(&self) -> Option<&dyn crate::gpu::mig::MigControl> {
+        self.mig.as_deref().map(|m| m as &dyn crate::gpu::mig::MigControl)
     }
 }
 

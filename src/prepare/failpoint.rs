@@ -23,8 +23,11 @@ pub fn hit(name: &str) {
 }
 
 /// The failpoints, in the order a prepare and an unprepare pass them.
-pub const POINTS: [&str; 14] = [
+pub const POINTS: [&str; 19] = [
+    "prepare-after-mig-intent",
     "prepare-after-started",
+    "prepare-after-mig-created",
+    "prepare-after-mig-recorded",
     "prepare-after-gpu-recorded",
     "prepare-after-compute-mode",
     "prepare-after-timeslice",
@@ -37,5 +40,7 @@ pub const POINTS: [&str; 14] = [
     "unprepare-after-mps-stop",
     "unprepare-after-timeslice-reset",
     "unprepare-after-compute-mode-restore",
+    "unprepare-after-mig-releasing",
+    "unprepare-after-mig-destroyed",
     "unprepare-after-record-remove",
 ];

@@ -20,6 +20,7 @@ pub mod config;
 pub mod driver_files;
 pub mod failpoint;
 pub mod locks;
+pub mod mig;
 pub mod mps;
 pub mod plan;
 pub mod recover;
@@ -41,7 +42,7 @@ use tokio::time::Instant;
 use crate::gpu::mps::{MpsSettings, MpsStats, Supervisor};
 use crate::gpu::timeslice::{self, NvidiaSmi};
 use crate::gpu::{ChangeCounts, ComputeMode, ComputeModes, GpuError, Setting};
-use crate::inventory::Inventory;
+use crate::inventory::{DeviceBackend, Inventory};
 use crate::plugin::handler::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
 use crate::sharing::Enforcement;
 use crate::state::{ClaimRecord, GPU_CHANGE_SCHEMA, GpuChange, Phase, SCHEMA_VERSION, StateError, Store};
@@ -183,6 +184,8 @@ pub struct PrepareSettings {
     pub mps: MpsSettings,
     /// How full GPUs are offered (which replica names exist).
     pub sharing: crate::sharing::SharingSettings,
+    /// Which GPUs are carved into MIG devices on demand (which MIG device names exist).
+    pub mig: crate::mig::MigSettings,
 }
 
 /// The folder of the driver root's NVML library, for tools the driver root ships, when the
@@ -228,6 +231,7 @@ impl PrepareSettings {
                 library_dir,
             },
             sharing: config.sharing.clone(),
+            mig: config.mig.clone(),
         }
     }
 
@@ -449,6 +453,34 @@ pub enum PrepareError {
         /// The rules broken.
         problems: Vec<String>,
     },
+    /// A MIG device cannot be prepared on this node as it is.
+    #[error("MIG device {device} cannot be prepared: {reason}; delete the pod so the claim is allocated again")]
+    MigUnavailable {
+        /// The device as allocated.
+        device: String,
+        /// Why.
+        reason: String,
+    },
+    /// A MIG instance could not be listed, created or destroyed.
+    #[error(transparent)]
+    Mig(Box<mig::MigFailure>),
+    /// A prepared claim's MIG instance was lost and could not be created again.
+    #[error(
+        "the MIG instance of {device} (profile {profile} at placement {placement} of GPU {gpu}) was lost, most likely \
+         by a reboot, and could not be created again: {reason}; delete the pod so the claim is allocated again"
+    )]
+    MigLost {
+        /// The device as allocated.
+        device: String,
+        /// The GPU instance profile.
+        profile: String,
+        /// The placement.
+        placement: crate::gpu::mig::Placement,
+        /// The GPU's UUID.
+        gpu: String,
+        /// Why it could not be created again.
+        reason: String,
+    },
     /// A blocking task failed.
     #[error("internal task failed: {0}")]
     Task(String),
@@ -479,6 +511,10 @@ struct Inner {
     mps_retries: mps::Retries,
     /// The GPUs with shares prepared (for the publisher, which keeps their sharing).
     shared_gpus: watch::Sender<Arc<std::collections::BTreeSet<String>>>,
+    /// The device backend, for MIG instances (none: MIG devices cannot be prepared).
+    backend: Option<Arc<dyn DeviceBackend>>,
+    /// The MIG instances recorded (for the publisher, which tells them from foreign ones).
+    owned_mig: watch::Sender<Arc<crate::mig::OwnedInstances>>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, PrepareError> {
@@ -520,6 +556,29 @@ impl Preparer {
         settings: PrepareSettings,
         compute_modes: Arc<dyn ComputeModes>,
     ) -> Self {
+        Self::build(store, inventory, claims, settings, compute_modes, None)
+    }
+
+    /// A preparer like [`Preparer::new`] whose GPU control is `backend`'s: its compute
+    /// modes and, when it has it, its MIG control (dynamic MIG devices need it).
+    pub fn with_backend(
+        store: Store,
+        inventory: watch::Receiver<Arc<Inventory>>,
+        claims: Arc<dyn ClaimSource>,
+        settings: PrepareSettings,
+        backend: Arc<dyn DeviceBackend>,
+    ) -> Self {
+        Self::build(store, inventory, claims, settings, backend.clone(), Some(backend))
+    }
+
+    fn build(
+        store: Store,
+        inventory: watch::Receiver<Arc<Inventory>>,
+        claims: Arc<dyn ClaimSource>,
+        settings: PrepareSettings,
+        compute_modes: Arc<dyn ComputeModes>,
+        backend: Option<Arc<dyn DeviceBackend>>,
+    ) -> Self {
         let host =
             driver_files::HostRoots { sys_root: settings.sys_root.clone(), proc_root: settings.proc_root.clone() };
         let inner = Inner {
@@ -536,9 +595,12 @@ impl Preparer {
             locks: ClaimLocks::default(),
             driver_files: DriverFilesCache::new(host),
             shared_gpus: watch::Sender::new(Arc::default()),
+            backend,
+            owned_mig: watch::Sender::new(Arc::default()),
         };
         let preparer = Self { inner: Arc::new(inner) };
         preparer.refresh_shared_gpus();
+        preparer.refresh_owned_mig();
         preparer
     }
 
@@ -601,7 +663,20 @@ impl Preparer {
 
     /// Builds and checks the spec of `record` from the current inventory.
     fn spec_for(&self, record: &ClaimRecord) -> Result<cdi::Spec, PrepareError> {
-        let inventory = self.inner.inventory.borrow().clone();
+        let s = &self.inner.settings;
+        let inventory = self.inventory_view();
+        let inventory = match record.migs().next() {
+            None => inventory,
+            Some(_) => {
+                if let Some(lost) = record.migs().find(|(_, m)| m.state != crate::state::MigState::Created) {
+                    return Err(Self::lost_mig(record).unwrap_or_else(|| PrepareError::MigUnavailable {
+                        device: lost.0.device.clone(),
+                        reason: "its MIG instance is not created".into(),
+                    }));
+                }
+                Arc::new(mig::with_mig_devices(&inventory, &record.devices, &s.dev_root, &s.proc_root))
+            }
+        };
         let mut devices = Vec::new();
         for d in &record.devices {
             let dev =
@@ -612,7 +687,6 @@ impl Preparer {
                 devices.push(crate::inventory::Device { name, ..dev.clone() });
             }
         }
-        let s = &self.inner.settings;
         let files =
             self.inner.driver_files.get(&s.driver_root, inventory.driver_version.as_deref().unwrap_or_default());
         let vendor = s.cdi_vendor();
@@ -660,6 +734,9 @@ impl Preparer {
         if let Some(rec) = self.inner.store.claim(&claim.uid)?
             && rec.phase == Phase::PrepareCompleted
         {
+            if let Some(lost) = Self::lost_mig(&rec) {
+                return Err(lost);
+            }
             if !rec.cdi_spec_path.exists() {
                 tracing::info!(claim.uid = %rec.uid, path = %rec.cdi_spec_path.display(), "re-writing a missing CDI spec");
                 let this = self.clone();
@@ -676,10 +753,17 @@ impl Preparer {
         }
         let fetched =
             self.inner.claims.get_claim(&claim.namespace, &claim.name, deadline).await.map_err(PrepareError::Fetch)?;
-        let inventory = self.inner.inventory.borrow().clone();
+        let inventory = self.inventory_view();
         let devices = plan::plan(&self.inner.settings, &claim, &fetched, &inventory)?;
         let gpus = plan::timeslicing_gpus(&devices, &inventory);
-        let mps_plan = plan::mps_plan(&devices, &inventory)?;
+        let mps_plan = match devices.iter().any(|d| d.mig.is_some()) {
+            false => plan::mps_plan(&devices, &inventory)?,
+            // Checked now with the parent GPUs standing in; planned again once created.
+            true => {
+                let s = &self.inner.settings;
+                plan::mps_plan(&devices, &mig::with_mig_devices(&inventory, &devices, &s.dev_root, &s.proc_root))?
+            }
+        };
         // Before anything is recorded or changed: a missing binary leaves all as it was.
         self.check_nvidia_smi(&gpus)?;
         if mps_plan.is_some() {
@@ -726,16 +810,36 @@ impl Preparer {
         gpus: &[plan::TimeSlicedGpu],
         mps_plan: Option<&plan::MpsPlan>,
     ) -> Result<ClaimRecord, PrepareError> {
-        if gpus.is_empty() && mps_plan.is_none() && !self.changes_shared_gpus(&record) {
+        let migs = record.migs().next().is_some();
+        if gpus.is_empty() && mps_plan.is_none() && !migs && !self.changes_shared_gpus(&record) {
             return self.apply_in_one_step(record);
         }
         let store = &self.inner.store;
+        if migs {
+            self.check_migs(&record)?;
+        }
         store.put_claim(&record)?;
+        if migs {
+            self.refresh_owned_mig();
+            failpoint::hit("prepare-after-mig-intent");
+        }
         failpoint::hit("prepare-after-started");
         let finish = (|| {
+            self.create_migs(&mut record)?;
             self.time_slice(&record.uid, gpus)?;
             self.enforce_shared(&record)?;
             if let Some(p) = mps_plan {
+                let created;
+                let p = match migs {
+                    false => p,
+                    true => {
+                        let s = &self.inner.settings;
+                        let inventory = self.inventory_view();
+                        let inventory = mig::with_mig_devices(&inventory, &record.devices, &s.dev_root, &s.proc_root);
+                        created = plan::mps_plan(&record.devices, &inventory)?;
+                        created.as_ref().unwrap_or(p)
+                    }
+                };
                 self.start_mps(&record.uid, p)?;
             }
             self.write_spec_of(&record)?;
@@ -747,7 +851,7 @@ impl Preparer {
             Ok(())
         })();
         if let Err(e) = finish {
-            if let Err(undo) = self.release(&record.uid) {
+            if let Err(undo) = self.release_with(&record.uid, false) {
                 tracing::warn!(
                     claim.uid = %record.uid,
                     error = %message(&undo),
@@ -900,9 +1004,17 @@ impl Preparer {
         .await?
     }
 
-    /// Removes a claim's spec, stops its MPS daemon, restores the GPUs it changed, then
-    /// removes its records (blocking I/O); unknown UIDs are fine.
+    /// Removes a claim's spec, stops its MPS daemon, restores the GPUs it changed,
+    /// destroys its MIG instances, then removes its records (blocking I/O); unknown UIDs
+    /// are fine.
     pub(crate) fn release(&self, uid: &str) -> Result<(), PrepareError> {
+        self.release_with(uid, true)
+    }
+
+    /// [`Preparer::release`]; a MIG intent without IDs adopts the instance at its
+    /// placement only with `adopt_intents` (not when rolling back a prepare whose create
+    /// call failed, which leaves nothing).
+    fn release_with(&self, uid: &str, adopt_intents: bool) -> Result<(), PrepareError> {
         let store = &self.inner.store;
         let Some(rec) = store.claim(uid)? else {
             tracing::debug!(claim.uid = uid, "unprepare of an unknown claim; nothing to do");
@@ -917,8 +1029,12 @@ impl Preparer {
         failpoint::hit("unprepare-after-cdi-remove");
         self.stop_mps(uid)?;
         self.restore_gpus(uid)?;
+        self.destroy_migs(&rec, adopt_intents)?;
         store.remove_claim(uid)?;
         failpoint::hit("unprepare-after-record-remove");
+        if rec.migs().next().is_some() {
+            self.refresh_owned_mig();
+        }
         let gpus: Vec<String> = rec.shares().map(|(_, s)| s.gpu.clone()).collect();
         if !gpus.is_empty() {
             self.put_back_idle_shared_gpus(Some(&gpus))?;

@@ -10,7 +10,7 @@ use crate::device_config::Interval;
 use crate::inventory::{DeviceKind, Inventory};
 use crate::plugin::handler::ClaimRef;
 use crate::sharing::{Enforcement, Resolved};
-use crate::state::{DeviceRecord, ShareRecord};
+use crate::state::{DeviceRecord, MigRecord, MigState, ShareRecord};
 
 /// Checks the claim is the one the kubelet means and allocated, takes the results of this
 /// driver on this node's pool, checks the devices exist, and resolves their configs.
@@ -42,8 +42,11 @@ pub fn plan(
     }
     let mut resolved = Vec::with_capacity(results.len());
     for r in &results {
-        let found = settings.sharing.resolve(inventory, &r.device);
-        resolved.push(found.ok_or_else(|| PrepareError::UnknownDevice { device: r.device.clone() })?);
+        let found = settings
+            .sharing
+            .resolve(inventory, &r.device)
+            .or_else(|| settings.mig.resolve(inventory, &r.device).map(|gpu| Resolved { gpu, replica: None }));
+        resolved.push(found.ok_or_else(|| unresolved(settings, inventory, &r.device))?);
     }
     let requests: Vec<&str> = results.iter().map(|r| r.request.as_str()).collect();
     let configs = config::resolve(&settings.driver, claim, &requests).map_err(PrepareError::Config)?;
@@ -61,6 +64,7 @@ pub fn plan(
             share_id: r.share_id.clone(),
             config: cfg,
             share,
+            mig: mig_intent(&found.gpu),
         };
         let strategy = record.config.sharing.strategy;
         if strategy != Strategy::Exclusive && record.is_partial_share() {
@@ -92,7 +96,7 @@ pub fn plan(
                 second_gpu: share.gpu.clone(),
             });
         }
-        if strategy == Strategy::TimeSlicing && matches!(found.gpu.kind, DeviceKind::Mig(_)) {
+        if strategy == Strategy::TimeSlicing && matches!(found.gpu.kind, DeviceKind::Mig(_) | DeviceKind::MigSlot(_)) {
             return Err(PrepareError::TimeSlicingOnMig { request: r.request.clone(), device: r.device.clone() });
         }
         if let Some(other) = out.iter().find(|d: &&DeviceRecord| d.gpu() == record.gpu() && d.config != record.config) {
@@ -106,6 +110,40 @@ pub fn plan(
         out.push(DeviceRecord { cdi_ids, ..record });
     }
     Ok(out)
+}
+
+/// The MIG instance to create for a dynamic MIG device, as an intent.
+fn mig_intent(device: &crate::inventory::Device) -> Option<MigRecord> {
+    let DeviceKind::MigSlot(slot) = &device.kind else { return None };
+    Some(MigRecord {
+        gpu: slot.parent_uuid.clone(),
+        gpu_minor: slot.parent_minor,
+        profile_id: slot.profile.id,
+        profile: slot.profile.name.clone(),
+        placement: slot.placement,
+        state: MigState::Intent,
+        gi: None,
+        ci: None,
+        uuid: None,
+        lost: None,
+    })
+}
+
+/// Why an allocated device name is not a device here: for a dynamic MIG device name of a
+/// GPU on this node, what keeps the GPU from being carved; otherwise an unknown device.
+fn unresolved(settings: &PrepareSettings, inventory: &Inventory, name: &str) -> PrepareError {
+    let unknown = PrepareError::UnknownDevice { device: name.to_string() };
+    let Some((minor, _, _)) = crate::mig::parse_slot_name(name) else { return unknown };
+    let whole = inventory.mig_gpus.iter().map(|g| &g.device).chain(&inventory.devices);
+    let Some(gpu) = whole.filter(|d| d.kind == DeviceKind::Gpu).find(|d| d.minor == minor) else { return unknown };
+    let reason = if !settings.mig.dynamic.selects(gpu) {
+        format!("GPU {} is not selected for dynamic MIG ([mig] dynamic)", gpu.name)
+    } else if !inventory.mig_gpus.iter().any(|g| g.uuid == gpu.uuid) {
+        format!("GPU {} ({}) is not in MIG mode", gpu.name, gpu.uuid)
+    } else {
+        return unknown;
+    };
+    PrepareError::MigUnavailable { device: name.to_string(), reason }
 }
 
 /// The share of its GPU an allocation result takes: for a consumable-capacity allocation

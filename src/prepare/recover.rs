@@ -13,6 +13,12 @@
 //! while the kubelet is served (after a re-open) without undoing a prepare in flight. The
 //! instance lock ([`crate::instance`]) makes edra the only writer of its kind's specs in
 //! the CDI directory, so a spec without a record is its own and stale.
+//!
+//! MIG instances ([`super::mig`]): those recorded for a claim that is not completed are
+//! destroyed with its roll-back; an unprepare interrupted while destroying them is
+//! finished; those of completed claims are checked to exist and created again at their
+//! placement when a reboot lost them (or the claim is marked so its next prepare fails and
+//! says why). Instances edra did not record are never touched.
 
 use super::{PrepareError, Preparer, cdi, read_boot_id};
 use crate::state::Phase;
@@ -46,6 +52,15 @@ pub struct RecoveryReport {
     pub mps_failed: Vec<String>,
     /// MPS daemon directories (and daemons) that no claim owned, stopped and removed.
     pub mps_orphans: Vec<String>,
+    /// Prepared claims whose unprepare was interrupted while destroying their MIG
+    /// instances: the unprepare was finished.
+    pub mig_released: Vec<String>,
+    /// Prepared claims with a MIG instance that was gone (a reboot) and was created
+    /// again at its placement.
+    pub mig_recreated: Vec<String>,
+    /// Prepared claims with a MIG instance that was gone and could not be created again:
+    /// their next prepare fails and says so.
+    pub mig_lost: Vec<String>,
 }
 
 impl Preparer {
@@ -92,6 +107,29 @@ impl Preparer {
                     report.rolled_back.push(rec.uid);
                 }
                 Phase::PrepareCompleted => {
+                    if rec.migs().any(|(_, m)| m.state == crate::state::MigState::Releasing) {
+                        self.release(&rec.uid)?;
+                        tracing::info!(claim.uid = %rec.uid, "finished an interrupted unprepare of MIG devices");
+                        report.mig_released.push(rec.uid);
+                        continue;
+                    }
+                    let rec = match self.recover_migs(&rec)? {
+                        super::mig::MigCheck::Present => rec,
+                        super::mig::MigCheck::Lost => {
+                            report.mig_lost.push(rec.uid);
+                            continue;
+                        }
+                        super::mig::MigCheck::Recreated => {
+                            // The spec names the old UUID and capability nodes.
+                            cdi::remove_spec(&rec.cdi_spec_path).map_err(|source| PrepareError::Cdi {
+                                op: "remove",
+                                path: rec.cdi_spec_path.clone(),
+                                source,
+                            })?;
+                            report.mig_recreated.push(rec.uid.clone());
+                            store.claim(&rec.uid)?.unwrap_or(rec)
+                        }
+                    };
                     match self.reapply_gpus(&rec.uid) {
                         Ok(0) => {}
                         Ok(n) => {
@@ -174,8 +212,12 @@ impl Preparer {
             mps_restarted = report.mps_restarted.len(),
             mps_failed = report.mps_failed.len(),
             mps_orphans = report.mps_orphans.len(),
+            mig_released = report.mig_released.len(),
+            mig_recreated = report.mig_recreated.len(),
+            mig_lost = report.mig_lost.len(),
             "state recovered"
         );
+        self.refresh_owned_mig();
         self.refresh_shared_gpus();
         Ok(report)
     }

@@ -145,6 +145,7 @@ impl Fixture {
                 replicas: 4,
                 ..crate::sharing::SharingSettings::default()
             },
+            mig: crate::mig::MigSettings::default(),
         };
         let store = open_when_unlocked(&root.join("state"));
         let claims = Arc::new(MemClaims::default());
@@ -216,14 +217,14 @@ pub(super) fn cref(uid: &str, name: &str) -> ClaimRef {
     ClaimRef { namespace: "ns".into(), name: name.into(), uid: uid.into() }
 }
 
-fn ok(results: &PrepareResults, uid: &str) -> Vec<PreparedDevice> {
+pub(super) fn ok(results: &PrepareResults, uid: &str) -> Vec<PreparedDevice> {
     match results.get(uid) {
         Some(Ok(d)) => d.clone(),
         other => panic!("claim {uid}: {other:?}"),
     }
 }
 
-fn err(results: &PrepareResults, uid: &str) -> String {
+pub(super) fn err(results: &PrepareResults, uid: &str) -> String {
     match results.get(uid) {
         Some(Err(e)) => e.clone(),
         other => panic!("claim {uid}: expected an error, got {other:?}"),
@@ -403,6 +404,8 @@ async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
 
 #[path = "tests_cancel.rs"]
 mod cancel;
+#[path = "tests_mig.rs"]
+mod mig;
 #[path = "tests_mps.rs"]
 mod mps_claims;
 #[path = "tests_recovery.rs"]

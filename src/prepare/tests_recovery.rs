@@ -26,6 +26,7 @@ fn started_record(f: &Fixture, uid: &str, device: &str) -> ClaimRecord {
             admin_access: false,
             share_id: None,
             share: None,
+            mig: None,
             config: Default::default(),
         }],
         cdi_spec_path: spec_path(f, uid),
@@ -138,7 +139,9 @@ async fn crash_at_every_failpoint_converges() {
     if !with_mps() {
         eprintln!("crash_at_every_failpoint_converges: the MPS failpoints are skipped, an MPS daemon needs root");
     }
-    for point in failpoint::POINTS.into_iter().filter(|p| with_mps() || !p.contains("-mps-")) {
+    // The MIG points are passed by MIG claims only (tests_mig).
+    for point in failpoint::POINTS.into_iter().filter(|p| (with_mps() || !p.contains("-mps-")) && !p.contains("-mig-"))
+    {
         let tmp = tempfile::tempdir().unwrap();
         // The GPUs' modes before edra touches them; the modes file outlives the child, as a GPU's state does.
         let before = FileModes::at(tmp.path().join("gpu-modes"));

@@ -36,8 +36,8 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use tokio::sync::watch;
 
 pub use record::{
-    ClaimRecord, DeviceRecord, GPU_CHANGE_SCHEMA, GpuChange, MPS_DAEMON_SCHEMA, MpsDaemonRecord, Phase, RecordError,
-    SCHEMA_VERSION, ShareHolding, ShareRecord,
+    ClaimRecord, DeviceRecord, GPU_CHANGE_SCHEMA, GpuChange, MPS_DAEMON_SCHEMA, MigRecord, MigState, MpsDaemonRecord,
+    Phase, RecordError, SCHEMA_VERSION, ShareHolding, ShareRecord,
 };
 
 const META_SCHEMA: &[u8] = b"schema";

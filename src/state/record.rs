@@ -45,6 +45,55 @@ pub struct DeviceRecord {
     /// memory the share takes. Absent for whole devices, so their records read as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<ShareRecord>,
+    /// For a dynamic MIG device: the MIG instance edra creates for it. Absent for every
+    /// other device, so their records read as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigRecord>,
+}
+
+/// How far edra got with the MIG instance of a [`MigRecord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MigState {
+    /// About to be created (recorded before the create call): it may or may not exist.
+    Intent,
+    /// Created; `gi`, `ci` and `uuid` say which.
+    Created,
+    /// Being destroyed by an unprepare: it may or may not exist any more.
+    Releasing,
+    /// Gone (a reboot) and could not be created again; `lost` says why.
+    Lost,
+}
+
+/// The MIG instance edra creates for a dynamic MIG device of a claim: the intent is
+/// recorded before the instance is created, its IDs once it is, so a crash at any step
+/// leaves a record that says what may exist.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigRecord {
+    /// The parent GPU's UUID.
+    pub gpu: String,
+    /// The parent GPU's minor number (`/dev/nvidia<minor>`).
+    pub gpu_minor: u32,
+    /// The GPU instance profile ID.
+    pub profile_id: u32,
+    /// The profile's name, e.g. `3g.40gb`.
+    pub profile: String,
+    /// Where the GPU instance sits.
+    pub placement: crate::gpu::mig::Placement,
+    /// How far edra got.
+    pub state: MigState,
+    /// GPU instance ID, once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gi: Option<u32>,
+    /// Compute instance ID, once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci: Option<u32>,
+    /// The MIG device's UUID, once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Why a lost instance could not be created again (state [`MigState::Lost`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<String>,
 }
 
 /// The part of a GPU one allocation takes.
@@ -109,6 +158,11 @@ impl ClaimRecord {
     /// consumable-capacity share is accounted in [`ClaimRecord::shares`] instead).
     pub fn held_devices(&self) -> impl Iterator<Item = &str> {
         self.devices.iter().filter(|d| !d.admin_access && d.share_id.is_none()).map(|d| d.device.as_str())
+    }
+
+    /// The MIG instances recorded for this claim's dynamic MIG devices, with their devices.
+    pub fn migs(&self) -> impl Iterator<Item = (&DeviceRecord, &MigRecord)> {
+        self.devices.iter().filter_map(|d| Some((d, d.mig.as_ref()?)))
     }
 
     /// The shares of GPUs this claim takes (consumable-capacity shares and replicas; admin

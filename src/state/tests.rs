@@ -16,6 +16,7 @@ fn device(name: &str, admin: bool) -> DeviceRecord {
         admin_access: admin,
         share_id: None,
         share: None,
+        mig: None,
         config: GpuConfig::default(),
     }
 }

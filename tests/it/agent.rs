@@ -4,10 +4,12 @@
 //! at every failpoint of prepare and unprepare. The harness is `support::agent`.
 
 mod crash;
+mod crash_mig;
 mod diskfull;
 mod exits;
 mod health;
 mod logs;
+mod mig;
 mod mig_publishing;
 mod misbehaving;
 mod offline;

@@ -31,7 +31,7 @@ fn assert_state_empty(fs: &NodeFs) {
 
 #[cfg(debug_assertions)]
 /// Waits for the aborted child, asserts it died by a signal.
-async fn assert_died(child: &mut ChildAgent, point: &str) {
+pub(super) async fn assert_died(child: &mut ChildAgent, point: &str) {
     let status = child.wait_exit().await;
     assert!(!status.success() && status.code().is_none(), "edra should abort at {point}, exited with {status}");
     let said = format!("edra: failpoint {point} hit; aborting");
@@ -332,7 +332,10 @@ async fn an_mps_claim_converges_after_a_crash_once_completed() {
 #[test]
 fn every_failpoint_is_covered() {
     let covered = [
+        "prepare-after-mig-intent",
         "prepare-after-started",
+        "prepare-after-mig-created",
+        "prepare-after-mig-recorded",
         "prepare-after-gpu-recorded",
         "prepare-after-compute-mode",
         "prepare-after-timeslice",
@@ -345,6 +348,8 @@ fn every_failpoint_is_covered() {
         "unprepare-after-mps-stop",
         "unprepare-after-timeslice-reset",
         "unprepare-after-compute-mode-restore",
+        "unprepare-after-mig-releasing",
+        "unprepare-after-mig-destroyed",
         "unprepare-after-record-remove",
     ];
     assert_eq!(edra::prepare::failpoint::POINTS, covered);
