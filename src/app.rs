@@ -157,7 +157,8 @@ pub async fn run_signalling(
     let preparer = open_and_recover(&config, inventory_rx.clone(), cluster.clone(), backend.clone()).await?;
     let store_health = preparer.store().health();
     let held_shares = preparer.shared_gpus();
-    let (_owned_mig_tx, owned_mig) = watch::channel(Arc::new(crate::mig::OwnedInstances::new()));
+    let owned_mig = preparer.owned_mig();
+    let owned_mig_changes = owned_mig.clone();
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let monitor = HealthMonitor::start(
@@ -205,12 +206,17 @@ pub async fn run_signalling(
         config.driver_name.clone(),
         config.node_name.clone(),
         (config.sharing.clone(), held_shares),
-        (config.mig.clone(), owned_mig),
+        (config.mig.clone(), owned_mig.clone()),
         (inventory_rx.clone(), health_snapshot.clone()),
         status_tx,
         shutdown.clone(),
     ));
-    let rediscovering = tokio::spawn(rediscover(backend, inventory_tx, config.rediscovery_interval, shutdown.clone()));
+    let rediscovering = tokio::spawn(rediscover(
+        backend,
+        inventory_tx,
+        (config.rediscovery_interval, owned_mig_changes),
+        shutdown.clone(),
+    ));
     let serving_metrics = metrics_listener.map(|listener| {
         let api_client = client.clone();
         let sources = StateSources {
@@ -424,18 +430,28 @@ async fn list_device_health(
 }
 
 /// Rediscovers devices periodically and passes changes on.
+/// Rediscovers devices every `every`, and at once when the MIG instances edra holds
+/// change (`mig`: one was created or destroyed), so the published view of a dynamic-MIG
+/// GPU follows its instances without waiting for the interval.
 async fn rediscover(
     backend: Arc<dyn DeviceBackend>,
     tx: watch::Sender<Arc<Inventory>>,
-    every: Duration,
+    (every, mut mig): (Duration, watch::Receiver<Arc<crate::mig::OwnedInstances>>),
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval_at(kube::backoff::deadline_in(every), every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut mig_open = true;
     loop {
         tokio::select! {
             () = stopped(&mut shutdown) => return,
             _ = tick.tick() => {}
+            changed = mig.changed(), if mig_open => {
+                if changed.is_err() {
+                    mig_open = false;
+                    continue;
+                }
+            }
         }
         match discover(&backend).await {
             Ok(inv) => {
