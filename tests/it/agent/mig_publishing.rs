@@ -179,3 +179,30 @@ async fn servers_without_partitionable_devices_get_static_mig_once_with_one_warn
         running.stop().await;
     }
 }
+
+#[tokio::test]
+async fn instances_edra_created_are_not_foreign_when_devices_are_rediscovered() {
+    let cluster = Cluster::start_with(Options { git_version: "v1.36.2".into(), ..Options::default() }).await;
+    let (logs, _guard) = CapturedLogs::start();
+    let mut config = cluster.config_with(NODE, crate::agent::mig::MIG_MOCK);
+    config.rediscovery_interval = Duration::from_millis(300);
+    let agent = crate::support::agent::Agent::start(cluster.fs(), config).await;
+    cluster.wait_published(NODE, 26).await;
+    let claim = cluster.put_claim(
+        crate::support::apiserver::ClaimBuilder::new("default", "half")
+            .allocated(crate::support::apiserver::AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-0-mig-3g40gb-9-4")),
+    );
+    let mut v1 = agent.v1().await;
+    crate::support::agent::prepare_ok(&mut v1, &claim).await;
+    assert_eq!(crate::agent::mig::placements(&cluster).len(), 1, "the instance exists");
+    // Several discoveries see the instance; it is edra's, so the pool stays as it is.
+    let mark = cluster.server.with_state(|s| s.request_mark());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(cluster.server.with_state(|s| s.writes_since(mark)), 0, "nothing rewritten");
+    assert!(device_names(&cluster.slices_on(NODE)).contains(&"gpu-0".to_string()));
+    let text = logs.text();
+    assert!(!text.contains("did not create"), "{text}");
+    crate::support::agent::unprepare_ok(&mut v1, &claim).await;
+    assert!(crate::agent::mig::placements(&cluster).is_empty());
+    agent.stop().await;
+}
