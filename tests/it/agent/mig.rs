@@ -71,3 +71,56 @@ async fn two_3g40gb_devices_at_placements_0_and_4_are_created_and_destroyed() {
     assert!(fs.spec_files().is_empty());
     agent.stop().await;
 }
+
+/// The MIG instances on the stand-in's GPU 0, as NVML reports them to a fresh backend.
+fn nvml_instances(config: &edra::config::Config) -> Vec<edra::gpu::mig::MigInstance> {
+    let backend = edra::inventory::nvml::NvmlBackend::load(config).expect("load the stand-in");
+    edra::gpu::mig::MigControl::mig_instances(&backend, "GPU-00000000-0000-0000-0000-000000000000")
+        .expect("list the instances")
+}
+
+#[tokio::test]
+async fn through_nvml_the_stand_in_gets_the_instances_and_a_foreign_one_is_left_alone() {
+    use crate::support::nvml::{StubNvml, a100};
+    let cluster = Cluster::start().await;
+    let fs = cluster.fs();
+    let stub = StubNvml::new(&a100(0, 0, "00000000:3B:00.0", true));
+    let dir = fs.root.join("driver/nvml");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(&stub.library, dir.join("libnvidia-ml.so.1")).unwrap();
+    std::fs::copy(stub.dir.path().join("nvml_stub.conf"), dir.join("nvml_stub.conf")).unwrap();
+    let mut config = cluster.config(NODE);
+    config.backend = edra::config::BackendKind::Nvml;
+    config.nvml.library = "/nvml/libnvidia-ml.so.1".into();
+    config.mig.dynamic = edra::sharing::GpuSelection::All;
+    // Someone made a 1g.10gb at memory slice 6 before edra started.
+    {
+        let backend = edra::inventory::nvml::NvmlBackend::load(&config).expect("load the stand-in");
+        let inv = edra::inventory::DeviceBackend::discover(&backend).expect("discover");
+        let gpu = inv.mig_gpus.first().expect("GPU 0 in MIG mode");
+        let small = gpu.capability.profiles.iter().find(|p| p.name == "1g.10gb").expect("1g.10gb").clone();
+        edra::gpu::mig::MigControl::create_mig(&backend, &gpu.uuid, &small, Placement { start: 6, size: 1 })
+            .expect("a foreign instance");
+    }
+    let agent = Agent::start(fs.clone(), config.clone()).await;
+    let claim = |name: &str, device: &str| {
+        cluster
+            .put_claim(ClaimBuilder::new("default", name).allocated(AllocatedDevice::new("gpu", DRIVER, NODE, device)))
+    };
+    let low = claim("low", "gpu-0-mig-3g40gb-9-0");
+    let high = claim("high", "gpu-0-mig-3g40gb-9-4");
+    let mut v1 = agent.v1().await;
+    let answer = prepare(&mut v1, &[low.clone(), high.clone()]).await.expect("NodePrepareResources");
+    assert_eq!(answer[&low.uid].error, "", "placement 0 is free");
+    let error = &answer[&high.uid].error;
+    assert!(error.contains("3g.40gb") && error.contains("4+4"), "the foreign instance is in the way: {error}");
+    let placements: Vec<Placement> = nvml_instances(&config).into_iter().map(|i| i.placement).collect();
+    assert_eq!(placements, [Placement { start: 6, size: 1 }, Placement { start: 0, size: 4 }]);
+    assert!(fs.spec_file(&low.uid).exists() && !fs.spec_file(&high.uid).exists());
+
+    let released = unprepare(&mut v1, &[low.clone(), high.clone()]).await.expect("NodeUnprepareResources");
+    assert!(released.values().all(String::is_empty), "{released:?}");
+    let left: Vec<Placement> = nvml_instances(&config).into_iter().map(|i| i.placement).collect();
+    assert_eq!(left, [Placement { start: 6, size: 1 }], "edra destroyed its own instance only");
+    agent.stop().await;
+}
