@@ -121,6 +121,61 @@ async fn mig() {
     println!("{}", create.row("  mock create alone (state file)"));
     println!("{}", destroy.row("  mock destroy alone (state file)"));
     println!();
+    mig_nvml().await;
+}
+
+/// The same through the NVML backend: the real nvml-wrapper and raw NVML calls against the
+/// NVML stand-in library (one A100 80GB in MIG mode; its instances in the stand-in's state
+/// file), next to the stand-in's create and destroy alone.
+async fn mig_nvml() {
+    let stub = support::nvml::StubNvml::new(&support::nvml::a100(0, 0, "00000000:3B:00.0", true));
+    let settings = SiteSettings { gpus: 1, rate_limit: UNLIMITED, mig_mode: true, ..SiteSettings::default() };
+    let site = Site::new(Options::default(), settings).await;
+    let mut config = site.config.clone();
+    config.backend = edra::config::BackendKind::Nvml;
+    config.nvml.library = stub.library.clone();
+    let agent = InProcessAgent::start(config.clone()).await;
+    common::register(&site.registration_socket()).await;
+    let mut client = support::kubelet::dra_v1(&site.dra_socket()).await;
+    let warmup = 16;
+    let (mut prep, mut release) = (Samples::default(), Samples::default());
+    for k in 0..(warmup + MIG_CLAIMS) {
+        let device = format!("gpu-0-mig-3g40gb-9-{}", 4 * (k % 2));
+        let claim = site.claim(&format!("nvmlmig{k}"), &[device]);
+        let p = prepare(&mut client, vec![claim.clone()]).await;
+        let u = unprepare(&mut client, vec![claim]).await;
+        if k >= warmup {
+            prep.push(p);
+            release.push(u);
+        }
+    }
+    agent.stop();
+    let backend = edra::inventory::nvml::NvmlBackend::load(&config).expect("load the stand-in");
+    let inventory = edra::inventory::DeviceBackend::discover(&backend).expect("discover");
+    let gpu = &inventory.mig_gpus[0];
+    assert!(gpu.instances.is_empty(), "every MIG instance was destroyed");
+    let profile = gpu.capability.profile(9).expect("3g.40gb").clone();
+    let (mut create, mut destroy) = (Samples::default(), Samples::default());
+    for k in 0..MIG_CLAIMS {
+        let placement = profile.placements[k % 2];
+        let t = Instant::now();
+        let i = edra::gpu::mig::MigControl::create_mig(&backend, &gpu.uuid, &profile, placement).expect("create");
+        create.push(t.elapsed());
+        let t = Instant::now();
+        edra::gpu::mig::MigControl::destroy_mig(&backend, &gpu.uuid, i.gi, i.ci).expect("destroy");
+        destroy.push(t.elapsed());
+    }
+    println!(
+        "## Dynamic MIG through NVML ({MIG_CLAIMS} claims of one 3g.40gb device, prepared and unprepared; NVML \
+         backend on the NVML stand-in library, one A100 80GB in MIG mode; {}; rate limit lifted)\n",
+        site.layout_note
+    );
+    println!("{}", latency_header());
+    println!("{}", prep.row("prepare, MIG device (create)"));
+    println!("{}", release.row("unprepare, MIG device (destroy)"));
+    println!("{}", create.row("  stand-in create alone (NVML calls)"));
+    println!("{}", destroy.row("  stand-in destroy alone (NVML calls)"));
+    println!();
 }
 
 /// Claims measured in the shares section.
