@@ -132,8 +132,13 @@ async fn mig_nvml() {
     let settings = SiteSettings { gpus: 1, rate_limit: UNLIMITED, mig_mode: true, ..SiteSettings::default() };
     let site = Site::new(Options::default(), settings).await;
     let mut config = site.config.clone();
+    // The library is a path under the driver root, beside the stand-in's configuration.
+    let dir = config.paths.driver_root.join("nvml");
+    std::fs::create_dir_all(&dir).expect("the stand-in's directory");
+    std::fs::copy(&stub.library, dir.join("libnvidia-ml.so.1")).expect("copy the stand-in");
+    std::fs::copy(stub.dir.path().join("nvml_stub.conf"), dir.join("nvml_stub.conf")).expect("copy its configuration");
     config.backend = edra::config::BackendKind::Nvml;
-    config.nvml.library = stub.library.clone();
+    config.nvml.library = "/nvml/libnvidia-ml.so.1".into();
     let agent = InProcessAgent::start(config.clone()).await;
     common::register(&site.registration_socket()).await;
     let mut client = support::kubelet::dra_v1(&site.dra_socket()).await;

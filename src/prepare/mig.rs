@@ -308,13 +308,39 @@ impl Preparer {
                 continue;
             }
             let control = self.mig_control_for(d)?;
+            let instances = match control.mig_instances(&m.gpu) {
+                Ok(instances) => instances,
+                Err(e) if gone(&e) => Vec::new(),
+                // Listing is the first step of destroying: same advice.
+                Err(e) => return Err(Self::mig_error(d, m, "destroy", e)),
+            };
             let target = match m.gi {
-                Some(gi) => Some((gi, m.ci)),
-                None => match control.mig_instances(&m.gpu) {
-                    Ok(instances) => found(&instances, m).map(|i| (i.gi, i.ci)),
-                    Err(e) if gone(&e) => None,
-                    Err(e) => return Err(Self::mig_error(d, m, "list", e)),
+                // GPU instance IDs are reused: the recorded ID is destroyed only while it is
+                // still the instance edra made (its placement, profile and UUID), never one
+                // someone made after edra's was destroyed behind its back.
+                Some(gi) => match instances.iter().find(|i| i.gi == gi) {
+                    Some(i)
+                        if i.placement == m.placement
+                            && i.profile_id == m.profile_id
+                            && (m.uuid.is_none() || i.uuid == m.uuid) =>
+                    {
+                        Some((gi, i.ci.or(m.ci)))
+                    }
+                    Some(i) => {
+                        tracing::warn!(
+                            claim.uid = %rec.uid,
+                            gpu = %m.gpu,
+                            gi,
+                            "GPU instance {gi} is no longer the MIG instance edra made for {} (it is at placement {} \
+                             now); edra's is gone and this one is left alone",
+                            d.device,
+                            i.placement
+                        );
+                        None
+                    }
+                    None => None,
                 },
+                None => found(&instances, m).map(|i| (i.gi, i.ci)),
             };
             let Some((gi, ci)) = target else { continue };
             match control.destroy_mig(&m.gpu, gi, ci) {

@@ -165,6 +165,23 @@ async fn prepare_creates_and_records_the_instance_and_unprepare_destroys_it() {
 }
 
 #[tokio::test]
+async fn an_instance_replaced_behind_edras_back_is_left_alone_at_unprepare() {
+    let m = Mig::new();
+    m.f.claims.put(mig_claim(UID1, HIGH));
+    ok(&m.f.preparer.prepare(vec![mref(UID1)]).await, UID1);
+    let made = m.instances();
+    assert_eq!(made.len(), 1);
+    // Someone destroys edra's instance and makes a 1g.10gb, which gets the freed ID.
+    m.backend.mig().unwrap().destroy_mig(&m.gpu0(), made[0].gi, made[0].ci).unwrap();
+    let foreign = m.foreign(19, 0);
+    assert_eq!(foreign.gi, made[0].gi, "GPU instance IDs are reused");
+    let u = m.f.preparer.unprepare(vec![mref(UID1)]).await;
+    assert!(u.values().all(Result::is_ok), "{u:?}");
+    assert_eq!(m.instances(), [foreign], "the other instance with edra's old ID stays");
+    assert!(m.f.preparer.store().claims().unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn the_whole_gpu_of_a_dynamic_gpu_is_prepared_as_any_gpu() {
     let m = Mig::new();
     m.f.claims.put(mig_claim(UID1, "gpu-1"));
