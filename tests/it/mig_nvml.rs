@@ -313,3 +313,17 @@ fn instances_outlive_the_process_until_the_state_file_is_gone() {
     let after = mig.create_mig(&uuid(0), &profile(&gpu0, "7g.80gb"), at(0, 8)).expect("the whole GPU is free");
     assert_eq!(after.placement, at(0, 8));
 }
+
+#[test]
+fn instances_made_one_after_another_at_alternating_placements() {
+    let stub = StubNvml::new(&gpu(0, A100_80, 81920, true, ""));
+    let mig = load(&stub);
+    let three = profile(&mig_gpu(&mig, &uuid(0)), "3g.40gb");
+    for k in 0..6 {
+        let placement = three.placements[k % 2];
+        let made = mig.create_mig(&uuid(0), &three, placement).unwrap_or_else(|e| panic!("round {k}: {e}"));
+        assert_eq!(made.placement, placement);
+        mig.destroy_mig(&uuid(0), made.gi, made.ci).unwrap_or_else(|e| panic!("round {k}: {e}"));
+    }
+    assert!(mig.mig_instances(&uuid(0)).expect("list").is_empty());
+}

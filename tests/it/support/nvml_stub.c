@@ -51,9 +51,13 @@
  * at the same moment may lose one's line. "fail" records apply to these calls too (a GPU or
  * compute instance counts as its GPU). Built with STUB_NO_CREATE_GI defined, the library
  * lacks nvmlDeviceCreateGpuInstanceWithPlacement, as an old driver does.
+ *
+ * NVML is thread-safe; so is the stand-in within a process: every call but the blocking
+ * event wait holds one (recursive) lock from start to return.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +148,17 @@ static int failure(const char *call, const struct dev *d) {
     }
     return SUCCESS;
 }
+
+static pthread_mutex_t stub_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static int stub_lock_now(void) {
+    pthread_mutex_lock(&stub_lock);
+    return 1;
+}
+static void stub_unlock(int *held) {
+    if (*held) pthread_mutex_unlock(&stub_lock);
+}
+/* Held until the calling function returns. */
+#define STUB_LOCK __attribute__((cleanup(stub_unlock))) int stub_held_ = stub_lock_now()
 
 #define CHECK(call, d)                                  \
     do {                                                \
@@ -287,6 +302,7 @@ static struct dev *nth_gpu(unsigned n) {
 }
 
 int nvmlInit_v2(void) {
+    STUB_LOCK;
     if (initialized > 0) {
         initialized++;
         return SUCCESS;
@@ -300,6 +316,7 @@ int nvmlInit_v2(void) {
 }
 
 int nvmlShutdown(void) {
+    STUB_LOCK;
     if (!initialized) return ERR_UNINITIALIZED;
     initialized--;
     return SUCCESS;
@@ -310,11 +327,13 @@ const char *nvmlErrorString(int code) {
 }
 
 int nvmlSystemGetDriverVersion(char *out, unsigned len) {
+    STUB_LOCK;
     CHECK("nvmlSystemGetDriverVersion", NULL);
     return copy_str(out, len, driver_version);
 }
 
 int nvmlSystemGetCudaDriverVersion_v2(int *out) {
+    STUB_LOCK;
     CHECK("nvmlSystemGetCudaDriverVersion_v2", NULL);
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     *out = cuda_version;
@@ -322,6 +341,7 @@ int nvmlSystemGetCudaDriverVersion_v2(int *out) {
 }
 
 int nvmlDeviceGetCount_v2(unsigned *out) {
+    STUB_LOCK;
     CHECK("nvmlDeviceGetCount_v2", NULL);
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     *out = (unsigned)ngpus;
@@ -329,6 +349,7 @@ int nvmlDeviceGetCount_v2(unsigned *out) {
 }
 
 int nvmlDeviceGetHandleByIndex_v2(unsigned index, void **out) {
+    STUB_LOCK;
     struct dev *d = nth_gpu(index);
     CHECK("nvmlDeviceGetHandleByIndex_v2", d);
     if (d == NULL || out == NULL) return ERR_INVALID_ARGUMENT;
@@ -342,16 +363,19 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned index, void **out) {
     if (d == NULL) return ERR_INVALID_ARGUMENT;
 
 int nvmlDeviceGetUUID(void *h, char *out, unsigned len) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetUUID");
     return copy_str(out, len, d->uuid);
 }
 
 int nvmlDeviceGetName(void *h, char *out, unsigned len) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetName");
     return copy_str(out, len, d->is_mig ? devs[d->parent].name : d->name);
 }
 
 int nvmlDeviceGetPciInfo_v3(void *h, pci_info_t *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetPciInfo_v3");
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     const struct dev *g = d->is_mig ? &devs[d->parent] : d;
@@ -362,18 +386,21 @@ int nvmlDeviceGetPciInfo_v3(void *h, pci_info_t *out) {
 }
 
 int nvmlDeviceGetBrand(void *h, unsigned *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetBrand");
     *out = d->is_mig ? devs[d->parent].brand : d->brand;
     return SUCCESS;
 }
 
 int nvmlDeviceGetArchitecture(void *h, unsigned *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetArchitecture");
     *out = d->is_mig ? devs[d->parent].arch : d->arch;
     return SUCCESS;
 }
 
 int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetCudaComputeCapability");
     const struct dev *g = d->is_mig ? &devs[d->parent] : d;
     *major = g->cc_major;
@@ -382,18 +409,21 @@ int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
 }
 
 int nvmlDeviceGetIndex(void *h, unsigned *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetIndex");
     *out = d->is_mig ? devs[d->parent].index : d->index;
     return SUCCESS;
 }
 
 int nvmlDeviceGetMinorNumber(void *h, unsigned *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetMinorNumber");
     *out = d->is_mig ? devs[d->parent].minor : d->minor;
     return SUCCESS;
 }
 
 int nvmlDeviceGetMemoryInfo_v2(void *h, memory_v2_t *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetMemoryInfo_v2");
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     if (out->version != (unsigned)(sizeof(memory_v2_t) | (2u << 24))) return ERR_ARGUMENT_VERSION_MISMATCH;
@@ -405,6 +435,7 @@ int nvmlDeviceGetMemoryInfo_v2(void *h, memory_v2_t *out) {
 }
 
 int nvmlDeviceGetAttributes_v2(void *h, attributes_t *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetAttributes_v2");
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     memset(out, 0, sizeof *out);
@@ -416,6 +447,7 @@ int nvmlDeviceGetAttributes_v2(void *h, attributes_t *out) {
 }
 
 int nvmlDeviceGetMigMode(void *h, unsigned *current, unsigned *pending) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetMigMode");
     if (d->is_mig) return ERR_NOT_SUPPORTED;
     *current = d->mig_mode;
@@ -424,12 +456,14 @@ int nvmlDeviceGetMigMode(void *h, unsigned *current, unsigned *pending) {
 }
 
 int nvmlDeviceGetMaxMigDeviceCount(void *h, unsigned *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetMaxMigDeviceCount");
     *out = d->mig_mode ? 7 : 0;
     return SUCCESS;
 }
 
 int nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned slot, void **out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetMigDeviceHandleByIndex");
     if (!d->mig_mode) return ERR_INVALID_ARGUMENT;
     for (int i = 0; i < ndevs; i++) {
@@ -449,6 +483,7 @@ int nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned slot, void **out) {
 }
 
 int nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void *h, void **out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
     if (!d->is_mig) return ERR_INVALID_ARGUMENT;
     *out = &devs[d->parent];
@@ -456,6 +491,7 @@ int nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void *h, void **out) {
 }
 
 int nvmlDeviceGetGpuInstanceId(void *h, unsigned *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetGpuInstanceId");
     if (!d->is_mig) return ERR_INVALID_ARGUMENT;
     *out = d->gi;
@@ -463,6 +499,7 @@ int nvmlDeviceGetGpuInstanceId(void *h, unsigned *out) {
 }
 
 int nvmlDeviceGetComputeInstanceId(void *h, unsigned *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetComputeInstanceId");
     if (!d->is_mig) return ERR_INVALID_ARGUMENT;
     *out = d->ci;
@@ -470,6 +507,7 @@ int nvmlDeviceGetComputeInstanceId(void *h, unsigned *out) {
 }
 
 int nvmlDeviceGetHandleByUUID(const char *uuid, void **out) {
+    STUB_LOCK;
     CHECK("nvmlDeviceGetHandleByUUID", NULL);
     if (uuid == NULL || out == NULL) return ERR_INVALID_ARGUMENT;
     for (int i = 0; i < ndevs; i++) {
@@ -489,6 +527,7 @@ int nvmlDeviceGetHandleByUUID(const char *uuid, void **out) {
 }
 
 int nvmlDeviceGetComputeMode(void *h, unsigned *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetComputeMode");
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     if (d->is_mig) return ERR_NOT_SUPPORTED;
@@ -505,6 +544,7 @@ int nvmlDeviceGetComputeMode(void *h, unsigned *out) {
 }
 
 int nvmlDeviceSetComputeMode(void *h, unsigned mode) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceSetComputeMode");
     if (d->is_mig) return ERR_NOT_SUPPORTED;
     if (mode > 3) return ERR_INVALID_ARGUMENT;
@@ -524,6 +564,7 @@ typedef struct {
 static int event_set_token;
 
 int nvmlEventSetCreate(void **set) {
+    STUB_LOCK;
     CHECK("nvmlEventSetCreate", NULL);
     if (set == NULL) return ERR_INVALID_ARGUMENT;
     FILE *fp = fopen(events_path, "r");
@@ -538,11 +579,13 @@ int nvmlEventSetCreate(void **set) {
 }
 
 int nvmlEventSetFree(void *set) {
+    STUB_LOCK;
     (void)set;
     return SUCCESS;
 }
 
 int nvmlDeviceGetSupportedEventTypes(void *h, unsigned long long *out) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetSupportedEventTypes");
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     *out = d->ev_supported;
@@ -550,6 +593,7 @@ int nvmlDeviceGetSupportedEventTypes(void *h, unsigned long long *out) {
 }
 
 int nvmlDeviceRegisterEvents(void *h, unsigned long long types, void *set) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceRegisterEvents");
     if (set != &event_set_token) return ERR_INVALID_ARGUMENT;
     if (types & ~d->ev_supported) return ERR_NOT_SUPPORTED;
@@ -619,6 +663,7 @@ static long long recovery_action(const struct dev *d) {
 }
 
 int nvmlDeviceGetFieldValues(void *h, int count, field_value_t *values) {
+    STUB_LOCK;
     DEVICE("nvmlDeviceGetFieldValues");
     if (count < 0 || (count > 0 && values == NULL)) return ERR_INVALID_ARGUMENT;
     const struct dev *gpu = d->is_mig ? &devs[d->parent] : d;
@@ -878,6 +923,7 @@ typedef struct {
 } ci_info_t;
 
 int nvmlDeviceGetGpuInstanceProfileInfo(void *h, unsigned index, gi_profile_info_t *out) {
+    STUB_LOCK;
     GPU_MIG("nvmlDeviceGetGpuInstanceProfileInfo");
     if (out == NULL || index >= GI_PROFILE_INDEX_END) return ERR_INVALID_ARGUMENT;
     const struct profile *t = table_of(d);
@@ -901,6 +947,7 @@ int nvmlDeviceGetGpuInstanceProfileInfo(void *h, unsigned index, gi_profile_info
 }
 
 int nvmlDeviceGetGpuInstancePossiblePlacements_v2(void *h, unsigned id, placement_t *out, unsigned *count) {
+    STUB_LOCK;
     GPU_MIG("nvmlDeviceGetGpuInstancePossiblePlacements_v2");
     if (count == NULL) return ERR_INVALID_ARGUMENT;
     const struct profile *p = profile_by_id(d, id);
@@ -939,6 +986,7 @@ static int room_for(int gpu, const struct profile *p, unsigned start) {
 }
 
 int nvmlDeviceGetGpuInstanceRemainingCapacity(void *h, unsigned id, unsigned *count) {
+    STUB_LOCK;
     GPU_MIG("nvmlDeviceGetGpuInstanceRemainingCapacity");
     if (count == NULL) return ERR_INVALID_ARGUMENT;
     const struct profile *p = profile_by_id(d, id);
@@ -965,6 +1013,7 @@ int nvmlDeviceGetGpuInstanceRemainingCapacity(void *h, unsigned id, unsigned *co
 /* Left out when built as a driver without GPU instance creation (STUB_NO_CREATE_GI). */
 #ifndef STUB_NO_CREATE_GI
 int nvmlDeviceCreateGpuInstanceWithPlacement(void *h, unsigned id, const placement_t *placement, void **out) {
+    STUB_LOCK;
     GPU_MIG("nvmlDeviceCreateGpuInstanceWithPlacement");
     if (placement == NULL || out == NULL) return ERR_INVALID_ARGUMENT;
     if (!d->mig_mode) return ERR_NOT_SUPPORTED;
@@ -1005,6 +1054,7 @@ int nvmlDeviceCreateGpuInstanceWithPlacement(void *h, unsigned id, const placeme
 #endif
 
 int nvmlDeviceGetGpuInstances(void *h, unsigned id, void **out, unsigned *count) {
+    STUB_LOCK;
     GPU_MIG("nvmlDeviceGetGpuInstances");
     if (out == NULL || count == NULL) return ERR_INVALID_ARGUMENT;
     const struct profile *p = profile_by_id(d, id);
@@ -1018,6 +1068,7 @@ int nvmlDeviceGetGpuInstances(void *h, unsigned id, void **out, unsigned *count)
 }
 
 int nvmlDeviceGetGpuInstanceById(void *h, unsigned id, void **out) {
+    STUB_LOCK;
     GPU_MIG("nvmlDeviceGetGpuInstanceById");
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     for (int i = 0; i < MAX_GIS; i++) {
@@ -1030,6 +1081,7 @@ int nvmlDeviceGetGpuInstanceById(void *h, unsigned id, void **out) {
 }
 
 int nvmlGpuInstanceGetInfo(void *h, gi_info_t *out) {
+    STUB_LOCK;
     GI("nvmlGpuInstanceGetInfo");
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     out->device = &devs[g->gpu];
@@ -1047,6 +1099,7 @@ static unsigned ci_slices(unsigned index) {
 }
 
 int nvmlGpuInstanceGetComputeInstanceProfileInfo(void *h, unsigned index, unsigned eng, ci_profile_info_t *out) {
+    STUB_LOCK;
     GI("nvmlGpuInstanceGetComputeInstanceProfileInfo");
     if (out == NULL || index >= CI_PROFILE_INDEX_END || eng != 0) return ERR_INVALID_ARGUMENT;
     const struct profile *p = profile_by_id(&devs[g->gpu], g->profile_id);
@@ -1082,6 +1135,7 @@ static void new_mig_uuid(struct gi *g) {
 }
 
 int nvmlGpuInstanceCreateComputeInstance(void *h, unsigned profile, void **out) {
+    STUB_LOCK;
     GI("nvmlGpuInstanceCreateComputeInstance");
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     const struct profile *p = profile_by_id(&devs[g->gpu], g->profile_id);
@@ -1112,6 +1166,7 @@ int nvmlGpuInstanceCreateComputeInstance(void *h, unsigned profile, void **out) 
 }
 
 int nvmlGpuInstanceGetComputeInstances(void *h, unsigned profile, void **out, unsigned *count) {
+    STUB_LOCK;
     GI("nvmlGpuInstanceGetComputeInstances");
     if (out == NULL || count == NULL) return ERR_INVALID_ARGUMENT;
     const struct profile *p = profile_by_id(&devs[g->gpu], g->profile_id);
@@ -1126,6 +1181,7 @@ int nvmlGpuInstanceGetComputeInstances(void *h, unsigned profile, void **out, un
 }
 
 int nvmlGpuInstanceGetComputeInstanceById(void *h, unsigned id, void **out) {
+    STUB_LOCK;
     GI("nvmlGpuInstanceGetComputeInstanceById");
     if (out == NULL) return ERR_INVALID_ARGUMENT;
     if (!g->has_ci || g->ci_id != id) return ERR_NOT_FOUND;
@@ -1134,6 +1190,7 @@ int nvmlGpuInstanceGetComputeInstanceById(void *h, unsigned id, void **out) {
 }
 
 int nvmlComputeInstanceGetInfo_v2(void *h, ci_info_t *out) {
+    STUB_LOCK;
     struct gi *g = ci_handle(h);
     CHECK("nvmlComputeInstanceGetInfo_v2", g ? &devs[g->gpu] : NULL);
     sync_mig_state();
@@ -1149,6 +1206,7 @@ int nvmlComputeInstanceGetInfo_v2(void *h, ci_info_t *out) {
 }
 
 int nvmlComputeInstanceDestroy(void *h) {
+    STUB_LOCK;
     struct gi *g = ci_handle(h);
     CHECK("nvmlComputeInstanceDestroy", g ? &devs[g->gpu] : NULL);
     sync_mig_state();
@@ -1161,6 +1219,7 @@ int nvmlComputeInstanceDestroy(void *h) {
 }
 
 int nvmlGpuInstanceDestroy(void *h) {
+    STUB_LOCK;
     GI("nvmlGpuInstanceDestroy");
     if (g->has_ci) return ERR_IN_USE;
     memset(g, 0, sizeof *g);

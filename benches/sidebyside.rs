@@ -1,0 +1,197 @@
+//! edra next to another DRA kubelet plugin on a real control plane: the same kubelet-side
+//! gRPC client calls both over their Unix sockets, alternating, with claims the real
+//! scheduler allocated to pods bound to each plugin's node.
+//!
+//! A development tool, not part of `cargo bench`'s default runs: it needs a running
+//! Kubernetes control plane with two nodes and the two plugins serving (see
+//! docs/benchmarks.md, "edra and the Go reference side by side", for the recipe), and
+//! prints "skipped" without it. Settings come from the environment:
+//!
+//! - `SBS_KUBECTL`: the kubectl command with an admin kubeconfig, e.g.
+//!   `/h/bin/kubectl --kubeconfig /h/admin.kubeconfig`;
+//! - `SBS_A` and `SBS_B`: `<label>,<dra socket>,<node>,<device class>` of each plugin;
+//! - `SBS_ROUNDS` (200): claims per plugin; `SBS_DELAY_MS` (20): how long after its pod is
+//!   bound a claim's prepare is sent (the kubelet calls after it has seen and admitted the
+//!   pod).
+//!
+//! Each round creates, per plugin, one claim and one pod using it pinned to the plugin's
+//! node, waits until the scheduler allocated and reserved the claim and bound the pod, then
+//! times NodePrepareResources (first time), NodePrepareResources again (repeated) and
+//! NodeUnprepareResources, and deletes the pod and the claim. Plugins alternate A B, B A.
+
+#[allow(unused_imports, dead_code)]
+#[path = "../tests/it/support/kubelet.rs"]
+mod kubelet;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use edra::plugin::proto::dra_v1 as v1;
+
+struct Plugin {
+    label: String,
+    socket: PathBuf,
+    node: String,
+    class: String,
+    first: Vec<Duration>,
+    repeat: Vec<Duration>,
+    release: Vec<Duration>,
+}
+
+fn kubectl(base: &[String], args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+    let mut cmd = Command::new(&base[0]);
+    cmd.args(&base[1..]).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run kubectl: {e}"))?;
+    if let Some(text) = stdin {
+        use std::io::Write;
+        child.stdin.take().ok_or("no stdin")?.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn objects(ns: &str, name: &str, node: &str, class: &str) -> String {
+    format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+         spec:\n  devices:\n    requests:\n    - name: dev\n      exactly: {{deviceClassName: {class}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
+         nodeSelector: {{kubernetes.io/hostname: {node}}}\n  terminationGracePeriodSeconds: 0\n  \
+         automountServiceAccountToken: false\n  containers:\n  - name: c\n    image: busybox\n    \
+         resources: {{claims: [{{name: dev}}]}}\n  resourceClaims:\n  - {{name: dev, resourceClaimName: {name}}}\n"
+    )
+}
+
+/// Waits until claim `name` is reserved and its pod bound; returns the claim's UID.
+fn wait_ready(base: &[String], ns: &str, name: &str) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let claim = kubectl(
+            base,
+            &["-n", ns, "get", "resourceclaim", name, "-o", "jsonpath={.metadata.uid} {.status.reservedFor[0].name}"],
+            None,
+        )?;
+        let pod = kubectl(base, &["-n", ns, "get", "pod", name, "-o", "jsonpath={.spec.nodeName}"], None)?;
+        let mut parts = claim.split_whitespace();
+        if let (Some(uid), Some(_), false) = (parts.next(), parts.next(), pod.trim().is_empty()) {
+            return Ok(uid.to_string());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("claim {ns}/{name} not allocated and bound within 60 s"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn percentile(v: &[Duration], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort();
+    if v.is_empty() {
+        return 0.0;
+    }
+    let idx = ((p / 100.0) * (v.len() as f64)).ceil() as usize;
+    v[idx.clamp(1, v.len()) - 1].as_secs_f64() * 1000.0
+}
+
+fn parse_plugin(var: &str) -> Option<Plugin> {
+    let v = std::env::var(var).ok()?;
+    let mut parts = v.split(',');
+    Some(Plugin {
+        label: parts.next()?.to_string(),
+        socket: PathBuf::from(parts.next()?),
+        node: parts.next()?.to_string(),
+        class: parts.next()?.to_string(),
+        first: Vec::new(),
+        repeat: Vec::new(),
+        release: Vec::new(),
+    })
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let (Some(base), Some(a), Some(b)) =
+        (std::env::var("SBS_KUBECTL").ok(), parse_plugin("SBS_A"), parse_plugin("SBS_B"))
+    else {
+        println!("sidebyside: skipped (set SBS_KUBECTL, SBS_A and SBS_B; see the module docs)");
+        return;
+    };
+    let base: Vec<String> = base.split_whitespace().map(str::to_string).collect();
+    let rounds: usize = std::env::var("SBS_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let delay = Duration::from_millis(std::env::var("SBS_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(20));
+    let ns = "sidebyside";
+    let _ = kubectl(&base, &["create", "namespace", ns], None);
+    let mut plugins = [a, b];
+    let mut clients = Vec::new();
+    for p in &plugins {
+        clients.push(kubelet::dra_v1(&p.socket).await);
+    }
+    let warmup = 10;
+    for round in 0..(warmup + rounds) {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let p = &mut plugins[i];
+            let name = format!("{}-{round}", p.label);
+            kubectl(&base, &["apply", "-f", "-"], Some(&objects(ns, &name, &p.node, &p.class))).expect("create");
+            let uid = wait_ready(&base, ns, &name).expect("allocated");
+            std::thread::sleep(delay);
+            let claim = v1::Claim { namespace: ns.into(), name: name.clone(), uid: uid.clone() };
+            let client = &mut clients[i];
+            let t = Instant::now();
+            let r = client
+                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
+                .await
+                .expect("NodePrepareResources");
+            let first = t.elapsed();
+            let err = r.get_ref().claims.get(&uid).map(|c| c.error.clone()).unwrap_or_default();
+            assert!(err.is_empty(), "{}: prepare of {name} failed: {err}", p.label);
+            let t = Instant::now();
+            client
+                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
+                .await
+                .expect("NodePrepareResources again");
+            let repeat = t.elapsed();
+            let t = Instant::now();
+            client
+                .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim] })
+                .await
+                .expect("NodeUnprepareResources");
+            let release = t.elapsed();
+            if round >= warmup {
+                p.first.push(first);
+                p.repeat.push(repeat);
+                p.release.push(release);
+            }
+            let _ = kubectl(
+                &base,
+                &["-n", ns, "delete", "pod", &name, "--force", "--grace-period=0", "--wait=false"],
+                None,
+            );
+            let _ = kubectl(&base, &["-n", ns, "delete", "resourceclaim", &name, "--wait=false"], None);
+        }
+    }
+    println!(
+        "## Side by side: {rounds} claims per plugin, alternating; prepare sent {} ms after the pod was bound\n",
+        delay.as_millis()
+    );
+    println!(
+        "| operation (ms) | {} p50 | {} p99 | {} p50 | {} p99 |",
+        plugins[0].label, plugins[0].label, plugins[1].label, plugins[1].label
+    );
+    println!("|---|---|---|---|---|");
+    let rows: [(&str, fn(&Plugin) -> &Vec<Duration>); 3] =
+        [("prepare, first time", |p| &p.first), ("prepare, repeated", |p| &p.repeat), ("unprepare", |p| &p.release)];
+    for (what, f) in rows {
+        let (x, y) = (f(&plugins[0]), f(&plugins[1]));
+        println!(
+            "| {what} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            percentile(x, 50.0),
+            percentile(x, 99.0),
+            percentile(y, 50.0),
+            percentile(y, 99.0)
+        );
+    }
+}
