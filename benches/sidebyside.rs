@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 
 use edra::plugin::proto::dra_v1 as v1;
 
+/// A table row: its label and the samples it shows.
+type Row = (&'static str, fn(&Plugin) -> &Vec<Duration>);
+
 struct Plugin {
     label: String,
     socket: PathBuf,
@@ -182,7 +185,7 @@ async fn main() {
         plugins[0].label, plugins[0].label, plugins[1].label, plugins[1].label
     );
     println!("|---|---|---|---|---|");
-    let rows: [(&str, fn(&Plugin) -> &Vec<Duration>); 3] =
+    let rows: [Row; 3] =
         [("prepare, first time", |p| &p.first), ("prepare, repeated", |p| &p.repeat), ("unprepare", |p| &p.release)];
     for (what, f) in rows {
         let (x, y) = (f(&plugins[0]), f(&plugins[1]));
