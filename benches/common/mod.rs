@@ -15,7 +15,9 @@ use edra::plugin::proto::registration::RegistrationStatus;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::support::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, RequestRecord, TestApiServer};
+use crate::support::apiserver::{
+    AllocatedDevice, ClaimBuilder, Identity, Options, RequestRecord, TestApiServer, bound_pod,
+};
 use crate::support::kubelet::{RawH2, percent_encoded};
 use crate::support::layout::{paths_toml, toml_path};
 
@@ -51,6 +53,8 @@ pub struct SiteSettings {
     /// Health events from `<dir>/gpu-events` (see [`Site::inject`]), probed every 100 ms,
     /// recovering after a quiet second.
     pub health_events: bool,
+    /// `claims.prefetch` (edra's default: on).
+    pub prefetch: bool,
 }
 
 /// Where the state and CDI directories live.
@@ -79,6 +83,7 @@ impl Default for SiteSettings {
             rate_limit: None,
             layout: Layout::Production,
             health_events: false,
+            prefetch: true,
         }
     }
 }
@@ -135,6 +140,9 @@ kubeconfig = {kubeconfig}
 [publish]
 rediscovery_interval = "{rediscovery}"
 
+[claims]
+prefetch = {prefetch}
+
 [mock]
 gpus = {gpus}
 {health}
@@ -144,6 +152,7 @@ gpus = {gpus}
             paths = paths_toml(&paths),
             rediscovery = settings.rediscovery,
             gpus = settings.gpus,
+            prefetch = settings.prefetch,
             rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
             health = if settings.health_events {
                 let events = d.join("gpu-events");
@@ -217,6 +226,17 @@ gpus = {gpus}
             AllocatedDevice::new("gpu0", DRIVER, NODE, device).share(&pod_uid(&format!("share-{name}")), memory),
         );
         self.store_claim(name, b)
+    }
+
+    /// Binds pod `name` to this node (as the scheduler does), using claim `claim` through a
+    /// template; the pod reserved in [`Site::claim`]'s claims has the claim's name.
+    pub fn bind_pod(&self, name: &str, claim: &str) {
+        self.server.put_pod(bound_pod(NAMESPACE, name, NODE, &[("gpu", claim)]));
+    }
+
+    /// The pod ended and was deleted.
+    pub fn delete_pod(&self, name: &str) {
+        self.server.delete_pod(NAMESPACE, name);
     }
 
     /// Stores the claim `b` builds as one of this node's and returns the kubelet's reference.
