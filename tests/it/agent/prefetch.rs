@@ -10,7 +10,7 @@ use std::time::Duration;
 use edra::plugin::ClaimRef;
 use futures_util::StreamExt;
 
-use crate::support::agent::{Agent, Cluster, DRIVER, GPUS, NODE, WAIT, prepare, prepare_ok};
+use crate::support::agent::{Agent, CapturedLogs, Cluster, DRIVER, GPUS, NODE, WAIT, prepare, prepare_ok};
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder, Fault, FaultAction, Identity, State, bound_pod};
 
 const NS: &str = "default";
@@ -184,4 +184,31 @@ async fn a_node_may_list_and_watch_only_its_own_pods() {
             other => panic!("{selector:?}: {other:?}"),
         }
     }
+}
+
+#[tokio::test]
+async fn without_leave_to_watch_pods_edra_says_so_once_and_prepares_as_before() {
+    let cluster = Cluster::start().await;
+    let node_user = format!("system:node:{NODE}");
+    cluster.server.forbid(&node_user, "list", "pods");
+    let (logs, _guard) = CapturedLogs::start();
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    // The first list and two retries refused.
+    cluster
+        .server
+        .wait_for("three refused lists of pods", WAIT, |s| {
+            s.requests().iter().filter(|r| r.path == "/api/v1/pods" && r.status == 403).count() >= 3
+        })
+        .await
+        .expect("the list is retried");
+    let claim = scheduled_claim(&cluster, "plain", "gpu-0", "pod-plain");
+    bind_pod(&cluster, "pod-plain", "plain");
+    let mut v1 = agent.v1().await;
+    prepare_ok(&mut v1, &claim).await;
+    assert_eq!(cluster.server.with_state(|s| gets_of(s, "plain", 0)), 1, "read by the prepare");
+    let text = logs.text();
+    let warned = text.lines().filter(|l| l.contains("cannot watch this node's pods")).collect::<Vec<_>>();
+    assert_eq!(warned.len(), 1, "{text}");
+    assert!(warned[0].contains("WARN edra::prepare::prefetch::watching: cannot watch this node's pods; claims are read when the kubelet asks; with a service account, allow it to list and watch pods (config/rbac.yaml); retrying"), "{}", warned[0]);
+    agent.stop().await;
 }
