@@ -12,9 +12,10 @@
 //! One read per claim at a time: a prepare arriving while the early read is in flight
 //! waits for that read rather than sending its own (if the read fails, or answers with
 //! another UID, the prepare reads the claim itself within its deadline); an early read
-//! arriving while the prepare's own read is in flight is not sent. Entries go when their
-//! pod starts, ends or is deleted, and after a successful prepare used them. Unprepare never
-//! reads claims, so it never sees this cache.
+//! arriving while the prepare's own read is in flight, or after the claim was prepared, is
+//! not sent (a small marker without the claim stays for [`EXPIRY`]). Kept claims go when
+//! their pod starts, ends or is deleted, and after a successful prepare used them.
+//! Unprepare never reads claims, so it never sees this cache.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -50,6 +51,15 @@ enum Slot {
     Flying(watch::Receiver<Option<Arc<ResourceClaim>>>),
     /// A claim allocated and reserved, read at `at`.
     Ready { claim: Arc<ResourceClaim>, at: Instant },
+    /// Read by a prepare itself or prepared since `at`: an early read would come too late.
+    Taken { at: Instant },
+}
+
+/// How a flight ends.
+enum Landing {
+    Keep(Arc<ResourceClaim>),
+    Taken,
+    Drop,
 }
 
 struct Entry {
@@ -69,7 +79,9 @@ impl Cache {
     /// The live entry of `key`; an expired one is dropped.
     fn live(&mut self, key: &Key, now: Instant) -> Option<&Entry> {
         let expired = match self.entries.get(key) {
-            Some(Entry { slot: Slot::Ready { at, .. }, .. }) => now.saturating_duration_since(*at) >= EXPIRY,
+            Some(Entry { slot: Slot::Ready { at, .. } | Slot::Taken { at }, .. }) => {
+                now.saturating_duration_since(*at) >= EXPIRY
+            }
             Some(_) => false,
             None => return None,
         };
@@ -83,6 +95,14 @@ impl Cache {
     /// Adds an in-flight entry for `key` (evicting the oldest beyond [`CAPACITY`]).
     fn fly(&mut self, key: Key) -> (u64, watch::Sender<Option<Arc<ResourceClaim>>>) {
         self.remove(&key);
+        // Expired entries nobody asked for again go here, so they never pile up.
+        let now = Instant::now();
+        let Cache { entries, order, .. } = self;
+        entries.retain(|_, e| match e.slot {
+            Slot::Ready { at, .. } | Slot::Taken { at } => now.saturating_duration_since(at) < EXPIRY,
+            Slot::Flying(_) => true,
+        });
+        order.retain(|_, k| entries.contains_key(k));
         while self.entries.len() >= CAPACITY {
             let Some((_, oldest)) = self.order.pop_first() else { break };
             self.entries.remove(&oldest);
@@ -95,13 +115,14 @@ impl Cache {
         (seq, tx)
     }
 
-    /// Ends flight `seq` of `key`: the claim is kept when given, else the entry goes. A
-    /// newer entry of the key (the flight was evicted or forgotten meanwhile) is left alone.
-    fn land(&mut self, key: &Key, seq: u64, keep: Option<Arc<ResourceClaim>>) {
+    /// Ends flight `seq` of `key`. A newer entry of the key (the flight was evicted or
+    /// forgotten meanwhile) is left alone.
+    fn land(&mut self, key: &Key, seq: u64, landing: Landing) {
         let Some(entry) = self.entries.get_mut(key).filter(|e| e.seq == seq) else { return };
-        match keep {
-            Some(claim) => entry.slot = Slot::Ready { claim, at: Instant::now() },
-            None => self.remove(key),
+        match landing {
+            Landing::Keep(claim) => entry.slot = Slot::Ready { claim, at: Instant::now() },
+            Landing::Taken => entry.slot = Slot::Taken { at: Instant::now() },
+            Landing::Drop => self.remove(key),
         }
     }
 
@@ -188,19 +209,14 @@ impl Prefetcher {
         match read {
             Ok(claim) => {
                 let claim = Arc::new(claim);
-                let keep = cacheable(&claim).then(|| claim.clone());
-                tracing::debug!(
-                    claim.namespace = namespace,
-                    claim.name = name,
-                    kept = keep.is_some(),
-                    "claim read early"
-                );
-                self.cache().land(&key, seq, keep);
+                let kept = cacheable(&claim);
+                tracing::debug!(claim.namespace = namespace, claim.name = name, kept, "claim read early");
+                self.cache().land(&key, seq, if kept { Landing::Keep(claim.clone()) } else { Landing::Drop });
                 tx.send_replace(Some(claim));
             }
             Err(e) => {
                 tracing::debug!(claim.namespace = namespace, claim.name = name, error = %crate::util::error_chain(&e), "claim not read early");
-                self.cache().land(&key, seq, None);
+                self.cache().land(&key, seq, Landing::Drop);
             }
         }
         true
@@ -211,6 +227,21 @@ impl Prefetcher {
         self.cache().remove(&(namespace.to_string(), name.to_string()));
     }
 
+    /// `namespace/name` was prepared: the claim kept for it goes, and an early read still
+    /// waiting for its turn is not sent.
+    fn taken(&self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        let mut cache = self.cache();
+        if let Some(entry) = cache.entries.get_mut(&key) {
+            entry.slot = Slot::Taken { at: Instant::now() };
+        }
+    }
+
+    /// Claims kept, read and not yet used.
+    pub fn kept(&self) -> usize {
+        self.cache().entries.values().filter(|e| matches!(e.slot, Slot::Ready { .. })).count()
+    }
+
     /// The kubelet's read of `claim`: the cached claim, the early read in flight, or its own.
     async fn claim_for(&self, claim: &ClaimRef, deadline: Instant) -> Result<ResourceClaim, ClaimFetchError> {
         let key = (claim.namespace.clone(), claim.name.clone());
@@ -219,7 +250,7 @@ impl Prefetcher {
             match cache.live(&key, Instant::now()).map(|e| &e.slot) {
                 Some(Slot::Ready { claim, .. }) => Found::Cached(claim.clone()),
                 Some(Slot::Flying(rx)) => Found::InFlight(rx.clone()),
-                None => {
+                Some(Slot::Taken { .. }) | None => {
                     let (seq, tx) = cache.fly(key.clone());
                     Found::Own(seq, tx)
                 }
@@ -243,7 +274,7 @@ impl Prefetcher {
             }
             Found::Own(seq, _flying) => {
                 let read = self.source.get_claim(&claim.namespace, &claim.name, deadline).await;
-                self.cache().land(&key, seq, None);
+                self.cache().land(&key, seq, Landing::Taken);
                 return read;
             }
         }
@@ -270,7 +301,7 @@ impl ClaimSource for Prefetcher {
     }
 
     fn prepared(&self, claim: &ClaimRef) {
-        self.forget(&claim.namespace, &claim.name);
+        self.taken(&claim.namespace, &claim.name);
     }
 }
 

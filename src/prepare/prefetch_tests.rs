@@ -124,7 +124,10 @@ async fn a_claim_read_early_is_prepared_without_a_read_then_dropped() {
     assert_eq!(uid_of(&got), UID1);
     assert_eq!(source.total(), 1, "the prepare read nothing");
     ClaimSource::prepared(&p, &cref("c1", UID1));
-    assert!(p.is_empty(), "dropped after a successful prepare");
+    assert_eq!(p.kept(), 0, "dropped after a successful prepare");
+    assert!(!p.fetch_early("ns", "c1").await, "an early read coming after the prepare is not sent");
+    ClaimSource::claim_for(&p, &cref("c1", UID1), soon()).await.unwrap();
+    assert_eq!(source.total(), 2, "asked again, the prepare reads it itself");
 }
 
 #[tokio::test]
@@ -194,8 +197,9 @@ async fn an_early_read_during_the_prepares_own_read_is_not_sent() {
     source.open();
     prepare.await.unwrap().unwrap();
     assert_eq!(source.total(), 1);
+    assert!(!p.fetch_early("ns", "c1").await, "nor after it");
     assert_eq!(source.early.load(Ordering::SeqCst), 0);
-    assert!(p.is_empty(), "the prepare's own read is not kept");
+    assert_eq!(p.kept(), 0, "the prepare's own read is not kept");
 }
 
 #[tokio::test]
@@ -221,7 +225,7 @@ async fn a_failed_early_read_leaves_the_prepare_its_own() {
     let got = prepare.await.unwrap();
     assert_eq!(uid_of(&got), UID1);
     assert_eq!(source.total(), 2, "the failed early read, then the prepare's own");
-    assert!(p.is_empty());
+    assert_eq!(p.kept(), 0);
 }
 
 #[tokio::test]
@@ -291,4 +295,17 @@ fn pods_ask_for_new_claims_and_drop_those_of_pods_that_started_or_went() {
     pods.restarted(vec![pod("p4", "Pending", &["e"])], &mut out);
     assert_eq!(out, Changes { fetch: keys(&["e"]), forget: keys(&["d"]) }, "p3 vanished while the watch was down");
     assert_eq!(pods.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_claims_nobody_asks_for_go_at_the_next_read() {
+    let source = Source::new();
+    source.put("c1", UID1, true);
+    source.put("c2", UID1, true);
+    let p = Prefetcher::new(source.clone());
+    p.fetch_early("ns", "c1").await;
+    tokio::time::advance(EXPIRY).await;
+    p.fetch_early("ns", "c2").await;
+    assert_eq!(p.len(), 1, "c1 expired and went");
+    assert_eq!(p.kept(), 1);
 }
