@@ -76,16 +76,14 @@ struct Cache {
 }
 
 impl Cache {
-    /// The live entry of `key`; an expired one is dropped.
+    /// The live entry of `key`; an expired one, or a flight whose reader went away (a
+    /// prepare the kubelet cancelled), is dropped.
     fn live(&mut self, key: &Key, now: Instant) -> Option<&Entry> {
-        let expired = match self.entries.get(key) {
-            Some(Entry { slot: Slot::Ready { at, .. } | Slot::Taken { at }, .. }) => {
-                now.saturating_duration_since(*at) >= EXPIRY
-            }
-            Some(_) => false,
+        let dead = match self.entries.get(key) {
+            Some(e) => !alive(e, now),
             None => return None,
         };
-        if expired {
+        if dead {
             self.remove(key);
             return None;
         }
@@ -98,10 +96,7 @@ impl Cache {
         // Expired entries nobody asked for again go here, so they never pile up.
         let now = Instant::now();
         let Cache { entries, order, .. } = self;
-        entries.retain(|_, e| match e.slot {
-            Slot::Ready { at, .. } | Slot::Taken { at } => now.saturating_duration_since(at) < EXPIRY,
-            Slot::Flying(_) => true,
-        });
+        entries.retain(|_, e| alive(e, now));
         order.retain(|_, k| entries.contains_key(k));
         while self.entries.len() >= CAPACITY {
             let Some((_, oldest)) = self.order.pop_first() else { break };
@@ -130,6 +125,14 @@ impl Cache {
         if let Some(e) = self.entries.remove(key) {
             self.order.remove(&e.seq);
         }
+    }
+}
+
+/// Whether `entry` still counts at `now`: not expired, or a flight someone still reads.
+fn alive(entry: &Entry, now: Instant) -> bool {
+    match &entry.slot {
+        Slot::Ready { at, .. } | Slot::Taken { at } => now.saturating_duration_since(*at) < EXPIRY,
+        Slot::Flying(rx) => rx.has_changed().is_ok(),
     }
 }
 

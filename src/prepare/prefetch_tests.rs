@@ -309,3 +309,22 @@ async fn expired_claims_nobody_asks_for_go_at_the_next_read() {
     assert_eq!(p.len(), 1, "c1 expired and went");
     assert_eq!(p.kept(), 1);
 }
+
+#[tokio::test]
+async fn a_prepare_cancelled_during_its_own_read_leaves_no_flight_behind() {
+    let source = Source::new();
+    source.put("c1", UID1, true);
+    source.hold();
+    let p = Prefetcher::new(source.clone());
+    let c = cref("c1", UID1);
+    {
+        let prepare = ClaimSource::claim_for(&p, &c, soon());
+        let mut prepare = std::pin::pin!(prepare);
+        assert!(futures_util::FutureExt::now_or_never(prepare.as_mut()).is_none());
+        // The kubelet gives up: the future is dropped mid-read.
+    }
+    source.open();
+    assert!(!p.holds("ns", "c1"), "the abandoned flight is not live");
+    assert!(p.fetch_early("ns", "c1").await, "so an early read may go");
+    assert_eq!(p.kept(), 1);
+}
