@@ -44,9 +44,14 @@ async fn main() {
         mig().await;
         return;
     }
+    if std::env::args().any(|a| a == "prefetch") {
+        pod_starts_table().await;
+        return;
+    }
     if std::env::args().any(|a| a == "single") {
         drop(single(8, Layout::Production).await);
         burst().await;
+        pod_starts_table().await;
         return;
     }
     let sample = single(8, Layout::Production).await;
@@ -54,6 +59,7 @@ async fn main() {
     drop(same_disk);
     batch().await;
     burst().await;
+    pod_starts_table().await;
     time_slicing().await;
     mps().await;
     shares().await;
@@ -445,7 +451,11 @@ async fn ready_site(
     rate_limit: Option<(u32, u32)>,
     layout: Layout,
 ) -> (Site, InProcessAgent, DraPluginClient<Channel>) {
-    let settings = SiteSettings { gpus, rate_limit, layout, ..SiteSettings::default() };
+    ready_site_with(SiteSettings { gpus, rate_limit, layout, ..SiteSettings::default() }).await
+}
+
+async fn ready_site_with(settings: SiteSettings) -> (Site, InProcessAgent, DraPluginClient<Channel>) {
+    let gpus = settings.gpus;
     let site = Site::new(Options::default(), settings).await;
     let agent = InProcessAgent::start(site.config.clone()).await;
     site.wait_published(gpus as usize, Duration::from_secs(30)).await;
@@ -684,4 +694,115 @@ async fn breakdown(sample: Sample) {
     println!("{}", removed.row("sled remove record (durable)"));
     println!();
     println!("CDI spec size: {} bytes", serde_json::to_vec_pretty(&sample.spec).map_or(0, |v| v.len()));
+}
+
+/// Pods started one after another as a scheduler and kubelet start them: each claim's pod is
+/// bound to the node on the API server, and the kubelet's prepare comes `lead` later (the
+/// real kubelet calls after it has seen the pod and admitted it, and after its own GET of
+/// the claim). After each prepare the claim is unprepared and the pod deleted.
+async fn pod_starts(prefetch: bool, lead: Duration) -> (Samples, usize, usize) {
+    const GPUS: u32 = 8;
+    let settings = SiteSettings { gpus: GPUS, rate_limit: UNLIMITED, prefetch, ..SiteSettings::default() };
+    let (site, agent, mut client) = ready_site_with(settings).await;
+    let mut took = Samples::default();
+    let (mut gets, mut answered_before) = (0usize, 0usize);
+    for k in 0..(WARMUP + SINGLE) {
+        let name = format!("c{k}");
+        let claim = site.claim(&name, &[format!("gpu-{}", k % GPUS as usize)]);
+        let mark = site.server.request_mark();
+        site.bind_pod(&name, &name);
+        tokio::time::sleep(lead).await;
+        let start = Instant::now();
+        let d = prepare(&mut client, vec![claim.clone()]).await;
+        if k >= WARMUP {
+            took.push(d);
+            // Every GET of the claim since the pod was bound, and those answered before the
+            // kubelet's call was made (read early, kept for it).
+            let path = format!("/resourceclaims/{name}");
+            let log = site.server.requests();
+            let of_claim = || log.iter().skip(mark).filter(|r| r.verb == "get" && r.path.ends_with(&path));
+            gets += of_claim().count();
+            answered_before += of_claim().filter(|r| r.at + r.duration < start).count();
+        }
+        unprepare(&mut client, vec![claim]).await;
+        site.delete_pod(&name);
+    }
+    agent.stop();
+    (took, gets, answered_before)
+}
+
+/// How long the kubelet's call comes after its pod is bound, in [`pod_starts_table`].
+const LEADS: [Duration; 2] = [Duration::from_millis(5), Duration::ZERO];
+
+/// First-time prepares as pods start, with and without `claims.prefetch`, and the burst of
+/// 50 pod starts with it.
+async fn pod_starts_table() {
+    let mut rows = Vec::new();
+    for lead in LEADS {
+        for prefetch in [false, true] {
+            let (samples, gets, before) = pod_starts(prefetch, lead).await;
+            let what = format!(
+                "prepare, prefetch {}, call {} ms after bind",
+                if prefetch { "on" } else { "off" },
+                lead.as_millis()
+            );
+            rows.push((samples.row(&what), gets, before, prefetch, lead));
+        }
+    }
+    println!(
+        "## First-time prepare as pods start ({SINGLE} pods one after another, each bound to the node on the API \
+         server, the kubelet's call a little later; mock GPUs = 8, after {WARMUP} warm-up pods, rate limit lifted)\n"
+    );
+    println!("{}", latency_header());
+    for (row, ..) in &rows {
+        println!("{row}");
+    }
+    println!();
+    for (_, gets, before, prefetch, lead) in &rows {
+        println!(
+            "prefetch {}, {} ms: GETs of the claim per pod: {:.2}, of them answered before the kubelet's call: {:.2}",
+            if *prefetch { "on" } else { "off" },
+            lead.as_millis(),
+            *gets as f64 / SINGLE as f64,
+            *before as f64 / SINGLE as f64
+        );
+    }
+    println!();
+    burst_of_pods(LEADS[0]).await;
+    burst_of_pods(Duration::from_millis(50)).await;
+}
+
+/// The burst of 50 pod starts with `claims.prefetch` at edra's default client settings: 50
+/// pods bound at once, the kubelet's 50 concurrent calls `lead` later.
+async fn burst_of_pods(lead: Duration) {
+    const PODS: usize = 50;
+    let (site, agent, client) = ready_site(PODS as u32, None, Layout::Production).await;
+    let claims: Vec<v1::Claim> = (0..PODS).map(|k| site.claim(&format!("p{k}"), &[format!("gpu-{k}")])).collect();
+    let mark = site.server.request_mark();
+    for k in 0..PODS {
+        site.bind_pod(&format!("p{k}"), &format!("p{k}"));
+    }
+    tokio::time::sleep(lead).await;
+    let start = Instant::now();
+    let calls = claims.into_iter().map(|c| {
+        let mut client = client.clone();
+        tokio::spawn(async move { prepare(&mut client, vec![c]).await })
+    });
+    let mut each = Samples::default();
+    for call in futures_util::future::join_all(calls).await {
+        each.push(call.expect("prepare task"));
+    }
+    let all = start.elapsed();
+    let gets = site.server.requests().iter().skip(mark).filter(|r| r.verb == "get").count();
+    let late =
+        site.server.requests().iter().skip(mark).filter(|r| r.verb == "get" && r.at + r.duration >= start).count();
+    println!("## A burst of {PODS} pod starts with prefetch, default client settings (qps 100, burst 200)\n");
+    println!("{}", latency_header());
+    println!("{}", each.row(&format!("prepare, 50 concurrent calls {} ms after bind", lead.as_millis())));
+    println!();
+    println!(
+        "all {PODS} prepared after {:.1} ms; GETs of the claims: {gets}, answered after the calls began: {late}\n",
+        ms(all)
+    );
+    agent.stop();
 }

@@ -22,7 +22,8 @@ use crate::inventory::{self, DeviceBackend, Inventory};
 use crate::kube::backoff::Backoff;
 use crate::kube::{self, Client, Cluster};
 use crate::plugin::{DeviceHealth, Health, HealthList, PluginOptions, PluginServer, RegistrationState};
-use crate::prepare::{PrepareSettings, Preparer};
+use crate::prepare::prefetch::Prefetcher;
+use crate::prepare::{ClaimSource, PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
@@ -154,7 +155,14 @@ pub async fn run_signalling(
     let (inventory_tx, inventory_rx) = watch::channel(Arc::new(first));
 
     let cluster = Arc::new(Cluster::new(client.clone()));
-    let preparer = open_and_recover(&config, inventory_rx.clone(), cluster.clone(), backend.clone()).await?;
+    // With claims.prefetch, the claims of pods bound to this node are read before the
+    // kubelet asks, through the same client and rate limit.
+    let prefetcher = config.prefetch_claims.then(|| Arc::new(Prefetcher::new(cluster.clone())));
+    let claims: Arc<dyn ClaimSource> = match &prefetcher {
+        Some(p) => p.clone(),
+        None => cluster.clone(),
+    };
+    let preparer = open_and_recover(&config, inventory_rx.clone(), claims, backend.clone()).await?;
     let store_health = preparer.store().health();
     let held_shares = preparer.shared_gpus();
     let owned_mig = preparer.owned_mig();
@@ -193,6 +201,14 @@ pub async fn run_signalling(
         config.claims,
         shutdown.clone(),
     ));
+    let prefetching = prefetcher.map(|p| {
+        tokio::spawn(crate::prepare::prefetch::watch_pods(
+            p,
+            client.clone(),
+            config.node_name.clone(),
+            shutdown.clone(),
+        ))
+    });
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
@@ -243,7 +259,7 @@ pub async fn run_signalling(
     }
     let aborted = plugin.shutdown(config.shutdown_grace).await;
     let tasks = [publishing, rediscovering, readiness, healing, supervising, releasing, listing_health, monitor.task];
-    for task in tasks.into_iter().chain(watchdog).chain(serving_metrics) {
+    for task in tasks.into_iter().chain(watchdog).chain(serving_metrics).chain(prefetching) {
         let _ = task.await;
     }
     if aborted > 0 {
@@ -272,7 +288,7 @@ fn client_from_config(config: &Config) -> Result<Client, AppError> {
 async fn open_and_recover(
     config: &Config,
     inventory: watch::Receiver<Arc<Inventory>>,
-    cluster: Arc<Cluster>,
+    claims: Arc<dyn ClaimSource>,
     backend: Arc<dyn DeviceBackend>,
 ) -> Result<Preparer, AppError> {
     let state_dir = config.paths.state_dir.clone();
@@ -285,7 +301,7 @@ async fn open_and_recover(
         None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/edra")),
     };
     let preparer =
-        Preparer::with_backend(store, inventory, cluster, PrepareSettings::from_config(config, hook_binary), backend);
+        Preparer::with_backend(store, inventory, claims, PrepareSettings::from_config(config, hook_binary), backend);
     let recovering = preparer.clone();
     // Recovery logs what it did ("state recovered").
     tokio::task::spawn_blocking(move || recovering.recover())

@@ -15,7 +15,9 @@ use edra::plugin::proto::registration::RegistrationStatus;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::support::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, RequestRecord, TestApiServer};
+use crate::support::apiserver::{
+    AllocatedDevice, ClaimBuilder, Identity, Options, RequestRecord, TestApiServer, bound_pod,
+};
 use crate::support::kubelet::{RawH2, percent_encoded};
 use crate::support::layout::{paths_toml, toml_path};
 
@@ -54,6 +56,8 @@ pub struct SiteSettings {
     pub health_events: bool,
     /// The mock GPUs in MIG mode, every one selected for dynamic MIG.
     pub mig_mode: bool,
+    /// `claims.prefetch` (edra's default: on).
+    pub prefetch: bool,
 }
 
 /// Where the state and CDI directories live.
@@ -83,6 +87,7 @@ impl Default for SiteSettings {
             layout: Layout::Production,
             health_events: false,
             mig_mode: false,
+            prefetch: true,
         }
     }
 }
@@ -148,6 +153,9 @@ kubeconfig = {kubeconfig}
 [publish]
 rediscovery_interval = "{rediscovery}"
 
+[claims]
+prefetch = {prefetch}
+
 [mock]
 gpus = {gpus}
 {mig_mode}
@@ -161,6 +169,7 @@ gpus = {gpus}
             gpus = settings.gpus,
             mig_mode = if settings.mig_mode { "mig_mode = true" } else { "" },
             mig = if settings.mig_mode { "[mig]\ndynamic = [\"*\"]" } else { "" },
+            prefetch = settings.prefetch,
             rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
             health = if settings.health_events {
                 let events = d.join("gpu-events");
@@ -238,6 +247,17 @@ gpus = {gpus}
             AllocatedDevice::new("gpu0", DRIVER, NODE, device).share(&pod_uid(&format!("share-{name}")), memory),
         );
         self.store_claim(name, b)
+    }
+
+    /// Binds pod `name` to this node (as the scheduler does), using claim `claim` through a
+    /// template; the pod reserved in [`Site::claim`]'s claims has the claim's name.
+    pub fn bind_pod(&self, name: &str, claim: &str) {
+        self.server.put_pod(bound_pod(NAMESPACE, name, NODE, &[("gpu", claim)]));
+    }
+
+    /// The pod ended and was deleted.
+    pub fn delete_pod(&self, name: &str) {
+        self.server.delete_pod(NAMESPACE, name);
     }
 
     /// Stores the claim `b` builds as one of this node's and returns the kubelet's reference.

@@ -240,6 +240,9 @@ pub struct Config {
     pub health: HealthConfig,
     /// How prepared claims that are gone from the API server are found and released.
     pub claims: crate::prepare::stale::StaleSettings,
+    /// `claims.prefetch`: watch this node's pods and read their claims before the kubelet
+    /// asks ([`crate::prepare::prefetch`]).
+    pub prefetch_claims: bool,
 }
 
 /// `[health]`: how GPU health events are judged and how often GPUs are probed.
@@ -492,6 +495,7 @@ impl Config {
                 bounds::duration_in(bounds::CLAIMS_RELEASE_AFTER),
             ),
         };
+        let prefetch_claims = r.get("claims.prefetch", true, boolean);
         Config {
             file,
             node_name,
@@ -512,6 +516,7 @@ impl Config {
             mig,
             health,
             claims,
+            prefetch_claims,
         }
     }
 }

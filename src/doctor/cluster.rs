@@ -145,6 +145,18 @@ pub fn needed_access(node: &str, driver: &str) -> Vec<AccessCheck> {
     v
 }
 
+/// What `claims.prefetch` asks for: a list and a watch of the pods bound to `node`.
+pub fn prefetch_access(node: &str) -> Vec<AccessCheck> {
+    let selector = format!("spec.nodeName={node}");
+    ["list", "watch"].iter().map(|verb| AccessCheck::new(verb, "", "pods").with_field_selector(&selector)).collect()
+}
+
+/// Actions edra can do without: reading claims before the kubelet asks needs the pod watch,
+/// preparing does not.
+fn optional(check: &AccessCheck) -> bool {
+    check.group.is_empty() && check.resource == "pods"
+}
+
 /// Actions the node authorizer decides per object (edra's own slices, claims of pods on
 /// the node), so a review without an object cannot grant them to a node identity.
 fn per_object(check: &AccessCheck) -> bool {
@@ -173,12 +185,14 @@ pub fn evaluate_permissions(
         );
     }
     let mut denied = Vec::new();
+    let mut optional_denied = Vec::new();
     let mut per_object_notes = 0;
     let mut unknown = Vec::new();
     for (check, answer) in answers {
         match answer {
             Ok(d) if d.allowed => {}
             Ok(_) if identity_node.is_some() && per_object(check) => per_object_notes += 1,
+            Ok(_) if optional(check) => optional_denied.push(check.describe()),
             Ok(d) => {
                 let why = [d.reason.as_str(), d.evaluation_error.as_str()]
                     .into_iter()
@@ -210,6 +224,18 @@ pub fn evaluate_permissions(
             "check that authorization.k8s.io/v1 SelfSubjectAccessReview is allowed for edra's identity",
         );
     }
+    if !optional_denied.is_empty() {
+        return CheckResult::new(
+            PERMS,
+            Status::Warn,
+            format!(
+                "{user} may do what preparing needs but not {}: claims are read when the kubelet asks, not before \
+                 (claims.prefetch)",
+                optional_denied.join("; ")
+            ),
+            "allow list and watch of pods (config/rbac.yaml), or set claims.prefetch = false",
+        );
+    }
     let mut detail = format!("{user} may do all {} actions edra needs", answers.len());
     if per_object_notes > 0 {
         detail = format!(
@@ -224,7 +250,10 @@ pub fn evaluate_permissions(
 /// Check 7: asks the server about every action edra performs.
 pub async fn api_permissions(cfg: &Config, client: &Client) -> CheckResult {
     let who = bounded("POST selfsubjectreviews", client.self_subject_review()).await.ok();
-    let checks = needed_access(&cfg.node_name, &cfg.driver_name);
+    let mut checks = needed_access(&cfg.node_name, &cfg.driver_name);
+    if cfg.prefetch_claims {
+        checks.extend(prefetch_access(&cfg.node_name));
+    }
     let answers =
         join_all(checks.iter().map(|c| bounded("POST selfsubjectaccessreviews", client.self_subject_access_review(c))))
             .await;

@@ -191,3 +191,24 @@ fn published_mig_is_judged_against_the_configuration() {
     assert_eq!(r.status, Status::Pass);
     assert_eq!(evaluate_mig(&dynamic, &[]).status, Status::Skip);
 }
+
+#[test]
+fn a_denied_pod_watch_is_a_warning_naming_claims_prefetch() {
+    let who = SubjectInfo { username: "system:serviceaccount:edra-system:edra".into(), groups: vec![] };
+    let mut a = answers(&[], "n1");
+    for c in prefetch_access("n1") {
+        let allowed = c.verb == "list";
+        a.push((c, Ok(AccessDecision { allowed, ..Default::default() })));
+    }
+    let r = evaluate_permissions(Some(&who), "n1", &a);
+    assert_eq!(r.status, Status::Warn, "{r:?}");
+    assert!(r.detail.contains("watch pods (spec.nodeName=n1)") && !r.detail.contains("list pods"), "{}", r.detail);
+    assert!(r.fix.contains("claims.prefetch = false"), "{}", r.fix);
+    let allowed: Vec<_> = prefetch_access("n1")
+        .into_iter()
+        .map(|c| (c, Ok(AccessDecision { allowed: true, ..Default::default() })))
+        .collect();
+    let mut a = answers(&[], "n1");
+    a.extend(allowed);
+    assert_eq!(evaluate_permissions(Some(&who), "n1", &a).status, Status::Pass);
+}

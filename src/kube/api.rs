@@ -23,6 +23,11 @@ fn decode<T: DeserializeOwned>(op: &str, body: &Bytes) -> Result<T, Error> {
     serde_json::from_slice(body).map_err(|source| Error::Decode { operation: op.to_string(), source })
 }
 
+fn decode_claim(api: ResourceApi, op: &str, body: &Bytes) -> Result<ResourceClaim, Error> {
+    let v: Value = decode(op, body)?;
+    convert::claim_from_wire(api, v).map_err(|e| convert_err(op, e))
+}
+
 pub(super) fn convert_err(op: &str, e: ConvertError) -> Error {
     match e {
         ConvertError::Decode { source, .. } | ConvertError::Encode(source) => {
@@ -171,8 +176,23 @@ impl Client {
         let req = request::get_claim(api, namespace, name);
         let op = operation(&req);
         let body = self.request_by(req, until).await?;
-        let v: Value = decode(&op, &body)?;
-        convert::claim_from_wire(api, v).map_err(|e| convert_err(&op, e))
+        decode_claim(api, &op, &body)
+    }
+
+    /// [`Client::get_claim_by`] for a read nobody waits for yet (a claim fetched before the
+    /// kubelet asks): each attempt is sent only if the rate limit has a token free at once,
+    /// so it never queues ahead of reads the kubelet waits for ([`Error::Throttled`]).
+    pub async fn get_claim_if_free(
+        &self,
+        api: ResourceApi,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<ResourceClaim, Error> {
+        let req = request::get_claim(api, namespace, name);
+        let op = operation(&req);
+        let body = self.request_if_free(req, deadline).await?;
+        decode_claim(api, &op, &body)
     }
 
     fn encode_slice(&self, api: ResourceApi, slice: &ResourceSlice, verb: &str) -> Result<Vec<u8>, Error> {

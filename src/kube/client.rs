@@ -183,6 +183,15 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// When a request must be done, and whether it may wait in the rate limit's queue.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    /// All done by then (no deadline: however long it takes).
+    until: Option<Instant>,
+    /// Wait for a token (in time for `until`); otherwise only a token free at once.
+    queue: bool,
+}
+
 /// Why one attempt failed, for the retry decision.
 enum Failure {
     /// The server answered with an error status.
@@ -305,15 +314,16 @@ impl Client {
     }
 
     /// Take a token of the rate limit: in time to leave [`MIN_TIME_TO_ANSWER`] before
-    /// `until` when given (else refuse at once with [`Error::Throttled`]), otherwise
-    /// however long it takes.
-    async fn throttle(&self, req: &Request<Bytes>, until: Option<Instant>) -> Result<(), Error> {
+    /// `until` when given (else refuse at once with [`Error::Throttled`]), or only one
+    /// free at once when the pace does not queue; otherwise however long it takes.
+    async fn throttle(&self, req: &Request<Bytes>, pace: Pace) -> Result<(), Error> {
         let limiter = &self.inner.limiter;
-        let Some(until) = until else {
+        let Some(until) = pace.until else {
             limiter.acquire().await;
             return Ok(());
         };
-        let send_by = until.checked_sub(MIN_TIME_TO_ANSWER).unwrap_or(until);
+        let send_by =
+            if pace.queue { until.checked_sub(MIN_TIME_TO_ANSWER).unwrap_or(until) } else { Instant::now().min(until) };
         limiter.acquire_by(send_by).await.map_err(|t| Error::Throttled {
             operation: operation(req),
             qps: self.inner.settings.qps,
@@ -326,14 +336,11 @@ impl Client {
     /// Send once after taking a token of the rate limit; returns the response with its
     /// headers (body not read) unless the request timeout or `until` passes first. The
     /// timeout starts once the request leaves, not while it waits for its token.
-    async fn send(
-        &self,
-        req: &Request<Bytes>,
-        until: Option<Instant>,
-    ) -> Result<(Response<Incoming>, Instant), Failure> {
+    async fn send(&self, req: &Request<Bytes>, pace: Pace) -> Result<(Response<Incoming>, Instant), Failure> {
         let op = operation(req);
+        let until = pace.until;
         let full = self.prepare(req).map_err(Failure::Fatal)?;
-        self.throttle(req, until).await.map_err(Failure::Fatal)?;
+        self.throttle(req, pace).await.map_err(Failure::Fatal)?;
         let started = Instant::now();
         let timeout = self.inner.settings.request_timeout;
         let per_attempt = deadline_in(timeout);
@@ -394,9 +401,9 @@ impl Client {
     }
 
     /// One attempt, body included, within one request timeout (and before `until`).
-    async fn attempt(&self, req: &Request<Bytes>, until: Option<Instant>) -> Result<Bytes, Failure> {
+    async fn attempt(&self, req: &Request<Bytes>, pace: Pace) -> Result<Bytes, Failure> {
         let op = operation(req);
-        let (resp, deadline) = self.send(req, until).await?;
+        let (resp, deadline) = self.send(req, pace).await?;
         let status = resp.status();
         let retry_after = retry_after(&resp);
         let body = self.read_body(&op, resp, deadline, body_limit(req)).await.map_err(|e| {
@@ -420,6 +427,18 @@ impl Client {
     /// at it, and a request the rate limit would hold past it is not sent
     /// ([`Error::Throttled`]).
     pub(super) async fn request_by(&self, req: Request<Bytes>, until: Option<Instant>) -> Result<Bytes, Error> {
+        self.request_paced(req, Pace { until, queue: true }).await
+    }
+
+    /// Like [`Client::request_by`], but each attempt is sent only if the rate limit has a
+    /// token free at once, never queueing ahead of requests that wait for theirs
+    /// ([`Error::Throttled`] otherwise): for work nobody waits for yet.
+    pub(super) async fn request_if_free(&self, req: Request<Bytes>, until: Instant) -> Result<Bytes, Error> {
+        self.request_paced(req, Pace { until: Some(until), queue: false }).await
+    }
+
+    async fn request_paced(&self, req: Request<Bytes>, pace: Pace) -> Result<Bytes, Error> {
+        let until = pace.until;
         let s = &self.inner.settings;
         let budget = deadline_in(s.retry_budget);
         let deadline = until.map_or(budget, |u| u.min(budget));
@@ -427,7 +446,7 @@ impl Client {
         let post = req.method() == Method::POST;
         let mut attempt = 1u32;
         loop {
-            let failure = match self.attempt(&req, until).await {
+            let failure = match self.attempt(&req, pace).await {
                 Ok(body) => return Ok(body),
                 Err(f) => f,
             };
@@ -462,7 +481,7 @@ impl Client {
     /// Start a streaming request (watch): one attempt, the timeout covers only the headers.
     pub(super) async fn stream(&self, req: Request<Bytes>) -> Result<Incoming, Error> {
         let op = operation(&req);
-        let resp = match self.send(&req, None).await {
+        let resp = match self.send(&req, Pace { until: None, queue: true }).await {
             Ok((r, _)) => r,
             Err(Failure::Status(e, _) | Failure::Connect(e) | Failure::Ambiguous(e) | Failure::Fatal(e)) => {
                 return Err(e);
@@ -504,6 +523,8 @@ pub(super) fn body_limit(req: &Request<Bytes>) -> BodyLimit {
         matches!(segments.as_slice(), ["version"] | ["api"] | ["apis"] | ["api", _] | ["apis", _] | ["apis", _, _]);
     if discovery {
         BodyLimit { bytes: DISCOVERY_BODY_LIMIT, what: "a discovery document" }
+    } else if verb(req) == "LIST" && path == super::request::PODS_PATH {
+        BodyLimit { bytes: LIST_BODY_LIMIT, what: "a list of one node's pods" }
     } else if verb(req) == "LIST" {
         BodyLimit { bytes: LIST_BODY_LIMIT, what: "a list of one node's ResourceSlices" }
     } else {
@@ -525,7 +546,11 @@ fn verb(req: &Request<Bytes>) -> &'static str {
     let query = req.uri().query().unwrap_or("");
     match *req.method() {
         Method::GET if query.split('&').any(|p| p == "watch=true") => "WATCH",
-        Method::GET if req.uri().path().ends_with("/resourceslices") => "LIST",
+        Method::GET
+            if req.uri().path().ends_with("/resourceslices") || req.uri().path() == super::request::PODS_PATH =>
+        {
+            "LIST"
+        }
         Method::GET => "GET",
         Method::POST => "POST",
         Method::PUT => "PUT",

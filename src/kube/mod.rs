@@ -3,7 +3,8 @@
 //! ([`credentials`], [`kubeconfig`]); TLS with reloading client certificates ([`tls`]);
 //! pure request builders ([`request`]); transport with rate limit, timeouts and retries
 //! ([`client`]); the operations edra needs ([`api`]); version conversion of
-//! resource.k8s.io objects ([`convert`]); a ResourceSlice watcher ([`watcher`]); and
+//! resource.k8s.io objects ([`convert`]); a watcher of ResourceSlices and of this node's pods
+//! ([`watcher`], [`pods`]); and
 //! self-reviews of identity and permissions ([`review`]); the client with its discovered
 //! resource.k8s.io version as the agent shares it ([`cluster`]).
 
@@ -15,6 +16,7 @@ pub mod convert;
 pub mod credentials;
 mod error;
 pub mod kubeconfig;
+pub mod pods;
 pub mod request;
 pub mod review;
 pub mod tls;

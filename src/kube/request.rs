@@ -169,6 +169,31 @@ pub fn get_claim(api: ResourceApi, namespace: &str, name: &str) -> Request<Bytes
     get(&api.claim_path(namespace, name))
 }
 
+/// `/api/v1/pods`: the pods of all namespaces (narrowed by a field selector).
+pub const PODS_PATH: &str = "/api/v1/pods";
+
+/// List pods matching a field selector (e.g. `spec.nodeName=n1`, the one selector the node
+/// authorizer lets a node list pods with).
+pub fn list_pods(field_selector: &str) -> Request<Bytes> {
+    get(&with_query(PODS_PATH, &[("fieldSelector", field_selector)]))
+}
+
+/// Watch pods matching a field selector from `resource_version`, with bookmarks.
+pub fn watch_pods(field_selector: &str, resource_version: &str, timeout_seconds: u32) -> Request<Bytes> {
+    let timeout = timeout_seconds.to_string();
+    let uri = with_query(
+        PODS_PATH,
+        &[
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", &timeout),
+            ("fieldSelector", field_selector),
+        ],
+    );
+    build(Method::GET, uri, None)
+}
+
 #[cfg(test)]
 #[path = "request_tests.rs"]
 mod tests;

@@ -66,3 +66,13 @@ fn delete_sends_preconditions() {
     let body: serde_json::Value = serde_json::from_slice(d.body()).unwrap();
     assert_eq!(body["preconditions"], serde_json::json!({}));
 }
+
+#[test]
+fn pods_are_listed_and_watched_by_node() {
+    assert_eq!(list_pods("spec.nodeName=n1").uri(), "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1");
+    let w = watch_pods("spec.nodeName=n1", "7", 290);
+    assert_eq!(
+        w.uri(),
+        "/api/v1/pods?watch=true&resourceVersion=7&allowWatchBookmarks=true&timeoutSeconds=290&fieldSelector=spec.nodeName%3Dn1"
+    );
+}

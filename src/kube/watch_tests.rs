@@ -226,3 +226,38 @@ async fn watch_backoff_grows_and_is_capped_in_paused_time() {
         assert!(gap >= exp / 2 && gap <= exp, "gap {n}: {gap:?} not in [{:?}, {exp:?}]", exp / 2);
     }
 }
+
+#[tokio::test]
+async fn pods_are_listed_and_watched_as_the_claims_they_use_resuming_after_a_bad_event() {
+    let pki = Pki::new("ca");
+    let (lists, watches, h) = routes();
+    let srv = TestServer::start(&pki, h).await;
+    let client = Client::new(srv.token_credentials(&pki, "t"), fast()).unwrap();
+    let pod = |name: &str, rv: &str, claim: &str| {
+        json!({"metadata": {"namespace": "ns", "name": name, "resourceVersion": rv},
+            "spec": {"nodeName": "n1", "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+            "status": {"phase": "Pending"}})
+    };
+    lists.lock().unwrap().push_back(Reply::json(
+        200,
+        json!({"kind": "PodList", "metadata": {"resourceVersion": "5"}, "items": [pod("p1", "4", "c1")]}),
+    ));
+    let (tx, r) = stream();
+    let (tx2, r2) = stream();
+    watches.lock().unwrap().extend([r, r2]);
+    let mut w = Box::pin(client.watch_pods("spec.nodeName=n1"));
+    let first = tokio::time::timeout(Duration::from_secs(10), w.next()).await.unwrap().unwrap();
+    assert!(matches!(&first, Event::Restarted(v) if v.len() == 1 && v[0].claims == ["c1"]), "{first:?}");
+    tx.send(line("ADDED", json!({"metadata": {"name": "bad"}, "spec": {"resourceClaims": 7}}))).unwrap();
+    let bad = tokio::time::timeout(Duration::from_secs(10), w.next()).await.unwrap().unwrap();
+    assert!(matches!(&bad, Event::Error(Error::Decode { operation, .. }) if operation == "WATCH pods"), "{bad:?}");
+    // The watch resumes from the last good version on a new stream.
+    tx2.send(line("DELETED", pod("p1", "7", "c1"))).unwrap();
+    let gone = tokio::time::timeout(Duration::from_secs(10), w.next()).await.unwrap().unwrap();
+    assert!(matches!(&gone, Event::Deleted(p) if p.name == "p1"), "{gone:?}");
+    let reqs = srv.requests();
+    assert!(reqs.iter().all(|r| r.path == "/api/v1/pods" && r.param("fieldSelector") == Some("spec.nodeName%3Dn1")));
+    let rvs: Vec<_> = reqs.iter().filter_map(|r| r.param("watch").and(r.param("resourceVersion"))).collect();
+    assert_eq!(rvs, ["5", "5"]);
+    assert_eq!(client.stats().count("LIST", 200), 1, "a pod list counts as LIST");
+}

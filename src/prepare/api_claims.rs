@@ -1,6 +1,7 @@
 //! The claim source of a running agent: ResourceClaims fetched from the API server through
 //! a [`Cluster`], bounded by the call's deadline so a prepare answers the kubelet in time
-//! and says whether edra's own rate limit or the server held it up.
+//! and says whether edra's own rate limit or the server held it up. Early reads
+//! ([`super::prefetch`]) are sent only with a token of the rate limit free at once.
 
 use std::time::Duration;
 
@@ -17,6 +18,28 @@ impl ClaimSource for Cluster {
         name: &str,
         deadline: tokio::time::Instant,
     ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+        self.read_claim(namespace, name, deadline, false)
+    }
+
+    fn get_claim_early(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+        self.read_claim(namespace, name, deadline, true)
+    }
+}
+
+impl Cluster {
+    /// GETs a claim by `deadline`; `early`: only with a token of the rate limit free at once.
+    fn read_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+        early: bool,
+    ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
         let (ns, n) = (namespace.to_string(), name.to_string());
         Box::pin(async move {
             if tokio::time::Instant::now() >= deadline {
@@ -29,7 +52,11 @@ impl ClaimSource for Cluster {
             };
             let fetch = async {
                 let api = self.api().await?;
-                self.client().get_claim_by(api, &ns, &n, deadline).await
+                if early {
+                    self.client().get_claim_if_free(api, &ns, &n, deadline).await
+                } else {
+                    self.client().get_claim_by(api, &ns, &n, deadline).await
+                }
             };
             // The client itself stops at the deadline and says why; this only backs it up.
             let backstop = deadline.checked_add(Duration::from_secs(1)).unwrap_or(deadline);

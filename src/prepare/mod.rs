@@ -2,7 +2,7 @@
 //!
 //! Prepare, per claim and idempotent: a claim already completed answers from the state store
 //! without the API server (re-writing its CDI spec if a reboot removed it); otherwise GET the
-//! claim, check UID and allocation, take this driver's results on this node's pool, resolve
+//! claim (or take it as [`prefetch`] read it before the kubelet asked), check UID and allocation, take this driver's results on this node's pool, resolve
 //! opaque configs; a claim that changes nothing on a GPU then writes its CDI spec atomically
 //! and records PrepareCompleted (one durable step, taking the devices); a claim that changes
 //! GPU settings or runs an MPS daemon records PrepareStarted first (durable, taking the
@@ -23,6 +23,7 @@ pub mod locks;
 pub mod mig;
 pub mod mps;
 pub mod plan;
+pub mod prefetch;
 pub mod recover;
 mod shared;
 pub mod stale;
@@ -155,6 +156,30 @@ pub trait ClaimSource: Send + Sync {
         name: &str,
         deadline: Instant,
     ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>>;
+
+    /// [`Self::get_claim`] for a read nobody waits for yet ([`prefetch`]): the API server
+    /// sends it only when the rate limit has a token free at once.
+    fn get_claim_early(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: Instant,
+    ) -> BoxFuture<'_, Result<ResourceClaim, ClaimFetchError>> {
+        self.get_claim(namespace, name, deadline)
+    }
+
+    /// The claim the kubelet asks to prepare; a source that read it already may answer
+    /// without a GET, and must check that the UID is `claim.uid`.
+    fn claim_for<'a>(
+        &'a self,
+        claim: &'a ClaimRef,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Result<ResourceClaim, ClaimFetchError>> {
+        self.get_claim(&claim.namespace, &claim.name, deadline)
+    }
+
+    /// `claim` was prepared: what was kept for it is no longer needed.
+    fn prepared(&self, _claim: &ClaimRef) {}
 }
 
 /// What the preparer needs to know about the node and its paths.
@@ -748,11 +773,11 @@ impl Preparer {
                 })
                 .await??;
             }
+            self.inner.claims.prepared(&claim);
             tracing::debug!(claim.uid = %rec.uid, "claim already prepared; answered from state");
             return Ok(answer(&rec));
         }
-        let fetched =
-            self.inner.claims.get_claim(&claim.namespace, &claim.name, deadline).await.map_err(PrepareError::Fetch)?;
+        let fetched = self.inner.claims.claim_for(&claim, deadline).await.map_err(PrepareError::Fetch)?;
         let inventory = self.inventory_view();
         let devices = plan::plan(&self.inner.settings, &claim, &fetched, &inventory)?;
         let gpus = plan::timeslicing_gpus(&devices, &inventory);
@@ -794,6 +819,7 @@ impl Preparer {
             this.apply(record, &gpus, mps_plan.as_ref())
         })
         .await??;
+        self.inner.claims.prepared(&claim);
         tracing::info!(claim.uid = %done.uid, devices = done.devices.len(), "claim prepared");
         Ok(answer(&done))
     }

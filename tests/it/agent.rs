@@ -14,6 +14,7 @@ mod mig_publishing;
 mod misbehaving;
 mod offline;
 mod pool;
+mod prefetch;
 mod preparing;
 mod publishing;
 mod shares;

@@ -137,6 +137,7 @@ async fn a_forbidden_verb_fails_with_the_fix_and_exit_code_one() {
     let detail = text(perms, "detail");
     assert!(detail.contains("system:node:n1") && detail.contains("create resourceslices.resource.k8s.io"), "{detail}");
     assert!(!detail.contains("list resourceslices"), "list with the node's selector is allowed: {detail}");
+    assert!(!detail.contains("pods"), "its own pods, by selector, are allowed: {detail}");
     assert!(text(perms, "fix").contains("--authorization-mode=Node,RBAC"), "{perms}");
 
     assert_eq!(check(&r, "backend")["status"], "warn");
@@ -150,7 +151,7 @@ async fn a_forbidden_verb_fails_with_the_fix_and_exit_code_one() {
     // The doctor asked, as the node, and changed nothing.
     let reviews: Vec<_> =
         server.requests().into_iter().filter(|q| q.path.ends_with("selfsubjectaccessreviews")).collect();
-    assert_eq!(reviews.len(), 8, "one review per action");
+    assert_eq!(reviews.len(), 10, "one review per action (with list and watch of pods for claims.prefetch)");
     assert!(reviews.iter().all(|q| q.user.as_deref() == Some("system:node:n1") && q.status == 201));
     assert_eq!(server.writes_since(0), 0);
 }

@@ -144,6 +144,8 @@ fn rbac_grants_only_what_edra_uses() {
         ("resource.k8s.io", "resourceclaims", &["get"]),
         ("resource.k8s.io", "resourceslices", &["get", "list", "watch", "create", "update", "delete"]),
         ("", "nodes", &["get"]),
+        // claims.prefetch: the watch of the node's own pods.
+        ("", "pods", &["list", "watch"]),
         ("authorization.k8s.io", "selfsubjectaccessreviews", &["create"]),
     ];
     let mut granted = BTreeSet::new();

@@ -4,7 +4,7 @@
 //! identity may do everything not explicitly forbidden.
 
 use super::UserInfo;
-use super::status::{ApiError, CLAIMS, NODES, Resource, SLICES};
+use super::status::{ApiError, CLAIMS, NODES, PODS, Resource, SLICES};
 
 /// What a request wants to do, as far as authorization needs to know.
 #[derive(Debug)]
@@ -111,6 +111,14 @@ pub fn authorize(
                 _ => Ok(()),
             },
         },
+        // AuthorizeNodeWithSelectors (GA in 1.34): a node lists and watches only its own pods.
+        (PODS, "list" | "watch") => {
+            if attrs.selector_node == Some(node) {
+                Ok(())
+            } else {
+                Err(denial(identity, attrs, Some("can only list/watch pods with spec.nodeName field selector")))
+            }
+        }
         (CLAIMS, "get") if attrs.claim_on_node => Ok(()),
         (CLAIMS, _) => Err(denial(identity, attrs, Some(&no_relationship))),
         (NODES, "get") if attrs.name == Some(node) => Ok(()),

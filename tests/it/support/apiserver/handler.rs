@@ -20,7 +20,7 @@ use super::faults::{self, FaultAction};
 use super::meta::with_type;
 use super::status::{ApiError, CLAIMS, NODES};
 use super::store::RequestRecord;
-use super::{Shared, UserInfo, discovery, query, reviews, slices, watch};
+use super::{Shared, UserInfo, discovery, pods, query, reviews, slices, watch};
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -75,6 +75,7 @@ pub(crate) enum Route {
     Group,
     GroupVersion(ApiVersion),
     Node(String),
+    Pods,
     Slices(ApiVersion),
     Slice(ApiVersion, String),
     Claim(ApiVersion, String, String),
@@ -92,6 +93,7 @@ impl Route {
             ["api"] => Self::CoreGroup,
             ["api", "v1"] => Self::CoreV1,
             ["api", "v1", "nodes", name] => Self::Node((*name).to_owned()),
+            ["api", "v1", "pods"] => Self::Pods,
             ["apis"] => Self::Apis,
             ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] => Self::AccessReview,
             ["apis", "authentication.k8s.io", "v1", "selfsubjectreviews"] => Self::SelfReview,
@@ -111,7 +113,7 @@ impl Route {
 
     /// The Kubernetes verb of `method` on this route.
     fn verb(&self, method: &Method, watch: bool) -> &'static str {
-        let collection = matches!(self, Self::Slices(_));
+        let collection = matches!(self, Self::Slices(_) | Self::Pods);
         match (self, method) {
             (Self::Version | Self::CoreGroup | Self::CoreV1 | Self::Apis | Self::Group | Self::GroupVersion(_), _) => {
                 "discovery"
@@ -247,6 +249,8 @@ async fn serve(
         (Route::Apis, _) if method == Method::GET => Ok(discovery::apis(&call.shared.opts)),
         (Route::Group, _) if method == Method::GET => Ok(discovery::group(&call.shared.opts)),
         (Route::GroupVersion(v), _) if method == Method::GET => Ok(discovery::group_version(*v)),
+        (Route::Pods, "list") => pods::list(call),
+        (Route::Pods, "watch") => watch::start_pods(call),
         (Route::Slices(v), "list") => slices::list(call, *v),
         (Route::Slices(v), "watch") => watch::start(call, *v),
         (Route::Slices(v), "create") => slices::create(call, *v),
@@ -268,7 +272,8 @@ fn claim_get(call: &Call<'_>, version: ApiVersion, namespace: &str, name: &str) 
         let state = call.shared.lock();
         let node = call.user.user.strip_prefix("system:node:").unwrap_or_default();
         let on_node =
-            state.claim_nodes.get(&(namespace.to_owned(), name.to_owned())).is_some_and(|nodes| nodes.contains(node));
+            state.claim_nodes.get(&(namespace.to_owned(), name.to_owned())).is_some_and(|nodes| nodes.contains(node))
+                || (!node.is_empty() && state.pod_on_node_uses_claim(node, namespace, name));
         (state.claim(namespace, name), on_node)
     };
     let attrs = Attributes {

@@ -8,7 +8,9 @@
 //! - discovery (`/version`, `/api`, `/apis`, `/apis/resource.k8s.io[/{v}]`) with a
 //!   configurable gitVersion and set of served resource.k8s.io versions (v1, v1beta2,
 //!   v1beta1; unserved version paths are `404`);
-//! - `GET /api/v1/nodes/{name}`; ResourceSlice list (with `spec.nodeName`/`spec.driver`/
+//! - `GET /api/v1/nodes/{name}`; pod list and watch (`/api/v1/pods`, field selectors on
+//!   `spec.nodeName`, `metadata.name`, `metadata.namespace`, `status.phase`; pods are written
+//!   through the handle only, as the scheduler and kubelet would); ResourceSlice list (with `spec.nodeName`/`spec.driver`/
 //!   `metadata.name` field selectors), get, create (generateName), update and merge patch
 //!   (optimistic concurrency), delete (preconditions) and watch (bookmarks, timeouts,
 //!   streaming lists with `sendInitialEvents`, `410` for compacted resourceVersions);
@@ -20,7 +22,8 @@
 //!   when switched off, no write for an identical update, `500` for a
 //!   create carrying a resourceVersion); validation of the ResourceSlice limits edra can hit
 //!   (`422` with causes); Status bodies on every failure;
-//! - optional node-authorizer + NodeRestriction emulation and test-forbidden combinations;
+//! - optional node-authorizer + NodeRestriction emulation and test-forbidden combinations
+//!   (a node may list/watch only its own pods, and get only claims its pods use);
 //! - fault injection, connection control, a request log, gauges and
 //!   [`TestApiServer::wait_for`].
 //!
@@ -29,7 +32,7 @@
 //! `limit`/`continue` pagination (lists are always complete), label selectors, list
 //! `resourceVersion`/`resourceVersionMatch` semantics (lists always read the latest state),
 //! DeleteCollection, finalizers and graceful deletion, the `/status` subresources, list or
-//! watch of claims and nodes, writes of claims and nodes by clients, DeviceClasses and other
+//! watch of claims and nodes, writes of claims, nodes and pods by clients, pod get, DeviceClasses and other
 //! kinds, protobuf and CBOR encodings, aggregated discovery (`apidiscovery.k8s.io/v2`),
 //! OpenAPI, RBAC objects, service-account tokens and their node-name extra, admission
 //! webhooks and ValidatingAdmissionPolicies, API priority and fairness (429 only when
@@ -55,6 +58,7 @@ mod kubeconfig;
 mod meta;
 mod objects;
 mod pki;
+mod pods;
 mod quantity;
 mod query;
 mod reviews;
@@ -78,6 +82,7 @@ pub use claims::{AllocatedDevice, ClaimBuilder};
 pub use convert::ApiVersion;
 pub use faults::{Fault, FaultAction};
 pub use kubeconfig::Identity;
+pub use pods::bound_pod;
 pub use quantity::canonical as canonical_quantity;
 pub use store::{RequestRecord, State};
 

@@ -59,10 +59,21 @@ pub struct FieldSelector {
 }
 
 const SLICE_FIELDS: [&str; 3] = ["metadata.name", "spec.nodeName", "spec.driver"];
+/// The pod fields edra or its tests select on (the real server has a few more).
+const POD_FIELDS: [&str; 4] = ["metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"];
 
 impl FieldSelector {
     /// Parses a ResourceSlice field selector; errors are the real server's 400 texts.
     pub fn parse_for_slices(raw: Option<&str>) -> Result<Self, ApiError> {
+        Self::parse(raw, &SLICE_FIELDS)
+    }
+
+    /// Parses a pod field selector.
+    pub fn parse_for_pods(raw: Option<&str>) -> Result<Self, ApiError> {
+        Self::parse(raw, &POD_FIELDS)
+    }
+
+    fn parse(raw: Option<&str>, fields: &[&str]) -> Result<Self, ApiError> {
         let mut requirements = Vec::new();
         for term in raw.unwrap_or_default().split(',').filter(|t| !t.is_empty()) {
             let (field, equal, value) = if let Some((f, v)) = term.split_once("!=") {
@@ -77,7 +88,7 @@ impl FieldSelector {
                     raw.unwrap_or_default()
                 )));
             };
-            if !SLICE_FIELDS.contains(&field) {
+            if !fields.contains(&field) {
                 return Err(ApiError::bad_request(format!("field label not supported: {field}")));
             }
             requirements.push(Requirement { field: field.to_owned(), equal, value: value.to_owned() });

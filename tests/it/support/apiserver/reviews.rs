@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::authz::{self, Attributes, ForbidRule};
 use super::handler::{Call, Reply};
 use super::query::FieldSelector;
-use super::status::{ApiError, CLAIMS, NODES, Resource, SLICES};
+use super::status::{ApiError, CLAIMS, NODES, PODS, Resource, SLICES};
 
 const VERBS: [&str; 8] = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"];
 
@@ -31,7 +31,7 @@ pub(crate) fn self_review(call: &Call<'_>) -> Result<Reply, ApiError> {
 }
 
 fn resource(group: &str, plural: &str) -> Option<Resource> {
-    [SLICES, CLAIMS, NODES].into_iter().find(|r| r.group == group && r.plural == plural)
+    [SLICES, CLAIMS, NODES, PODS].into_iter().find(|r| r.group == group && r.plural == plural)
 }
 
 pub(crate) fn access_review(call: &Call<'_>) -> Result<Reply, ApiError> {
@@ -60,6 +60,8 @@ pub(crate) fn access_review(call: &Call<'_>) -> Result<Reply, ApiError> {
             (Some(res), Some(verb)) => {
                 let selector = if res == SLICES {
                     FieldSelector::parse_for_slices(raw_selector)?
+                } else if res == PODS {
+                    FieldSelector::parse_for_pods(raw_selector)?
                 } else {
                     FieldSelector::default()
                 };

@@ -15,6 +15,7 @@ pub struct Resource {
 pub const SLICES: Resource = Resource { plural: "resourceslices", group: "resource.k8s.io", kind: "ResourceSlice" };
 pub const CLAIMS: Resource = Resource { plural: "resourceclaims", group: "resource.k8s.io", kind: "ResourceClaim" };
 pub const NODES: Resource = Resource { plural: "nodes", group: "", kind: "Node" };
+pub const PODS: Resource = Resource { plural: "pods", group: "", kind: "Pod" };
 
 impl Resource {
     /// `resourceslices.resource.k8s.io`, or `nodes` for the core group.

@@ -22,6 +22,7 @@ pub enum Kind {
     Slice,
     Claim,
     Node,
+    Pod,
 }
 
 /// Watch event type.
@@ -100,6 +101,8 @@ pub struct State {
     pub(crate) slices: BTreeMap<String, Value>,
     pub(crate) claims: BTreeMap<(String, String), Value>,
     pub(crate) nodes: BTreeMap<String, Value>,
+    /// Pods by (namespace, name), in v1 shape.
+    pub(crate) pods: BTreeMap<(String, String), Value>,
     /// (namespace, claim name) → nodes whose pods use the claim (node authorizer graph).
     pub(crate) claim_nodes: HashMap<(String, String), HashSet<String>>,
     history: VecDeque<Event>,
@@ -132,6 +135,7 @@ impl State {
             slices: BTreeMap::new(),
             claims: BTreeMap::new(),
             nodes: BTreeMap::new(),
+            pods: BTreeMap::new(),
             claim_nodes: HashMap::new(),
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
@@ -339,6 +343,45 @@ impl State {
         Some(claim)
     }
 
+    /// Creates or replaces a pod (v1 shape), keeping its uid across replacements.
+    pub(crate) fn put_pod(&mut self, mut pod: Value) -> Value {
+        strip_type(&mut pod);
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default").to_owned();
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let key = (ns.clone(), name);
+        let old = self.pods.get(&key).cloned();
+        let rv = self.next_rv();
+        let meta = metadata_mut(&mut pod);
+        meta.insert("namespace".to_owned(), json!(ns));
+        let old_uid = old.as_ref().and_then(|o| o["metadata"]["uid"].as_str().map(str::to_owned));
+        if !meta.get("uid").is_some_and(Value::is_string) {
+            meta.insert("uid".to_owned(), json!(old_uid.unwrap_or_else(new_uid)));
+        }
+        meta.entry("creationTimestamp").or_insert(json!(now_rfc3339()));
+        meta.insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        self.pods.insert(key, pod.clone());
+        let event_type = if old.is_some() { EventType::Modified } else { EventType::Added };
+        self.record(Kind::Pod, event_type, pod.clone());
+        pod
+    }
+
+    pub(crate) fn delete_pod(&mut self, namespace: &str, name: &str) -> Option<Value> {
+        let mut pod = self.pods.remove(&(namespace.to_owned(), name.to_owned()))?;
+        let rv = self.next_rv();
+        metadata_mut(&mut pod).insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        self.record(Kind::Pod, EventType::Deleted, pod.clone());
+        Some(pod)
+    }
+
+    /// Whether a pod bound to `node` uses claim `namespace/name` (directly, or as the claim
+    /// generated for it from a template): the node authorizer's pod → claim edge.
+    pub(crate) fn pod_on_node_uses_claim(&self, node: &str, namespace: &str, name: &str) -> bool {
+        self.pods
+            .values()
+            .filter(|p| p["metadata"]["namespace"] == namespace)
+            .any(|p| p["spec"]["nodeName"].as_str() == Some(node) && pod_claim_names(p).iter().any(|c| c == name))
+    }
+
     pub(crate) fn delete_node(&mut self, name: &str) -> Option<Value> {
         let mut node = self.nodes.remove(name)?;
         let rv = self.next_rv();
@@ -359,4 +402,24 @@ impl State {
         self.record(Kind::Node, EventType::Added, node);
         uid
     }
+}
+
+/// The names of the claims a pod uses: `spec.resourceClaims[].resourceClaimName`, the
+/// generated names in `status.resourceClaimStatuses` and the extended-resource claim.
+pub(crate) fn pod_claim_names(pod: &Value) -> Vec<String> {
+    let mut names = Vec::new();
+    let statuses = pod["status"]["resourceClaimStatuses"].as_array().cloned().unwrap_or_default();
+    for entry in pod["spec"]["resourceClaims"].as_array().into_iter().flatten() {
+        if let Some(n) = entry["resourceClaimName"].as_str() {
+            names.push(n.to_owned());
+        } else if let Some(n) =
+            statuses.iter().find(|s| s["name"] == entry["name"]).and_then(|s| s["resourceClaimName"].as_str())
+        {
+            names.push(n.to_owned());
+        }
+    }
+    if let Some(n) = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"].as_str() {
+        names.push(n.to_owned());
+    }
+    names
 }

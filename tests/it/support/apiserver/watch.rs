@@ -1,4 +1,4 @@
-//! ResourceSlice watch: a streaming body of JSON lines `{"type": ..., "object": ...}`.
+//! ResourceSlice and pod watches: a streaming body of JSON lines `{"type": ..., "object": ...}`.
 //!
 //! Without `resourceVersion` (or with `0`) the stream starts with ADDED for every matching
 //! slice; with `resourceVersion=N` it replays the history after N, or answers 410 when N is
@@ -24,16 +24,49 @@ use super::Shared;
 use super::authz::Attributes;
 use super::convert::ApiVersion;
 use super::handler::{Call, Reply};
+use super::meta::with_type;
 use super::query::FieldSelector;
 use super::slices::out;
-use super::status::{ApiError, SLICES};
+use super::status::{ApiError, PODS, SLICES};
 use super::store::Kind;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
+/// What a watch streams: slices in a resource.k8s.io version, or pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Watched {
+    Slices(ApiVersion),
+    Pods,
+}
+
+impl Watched {
+    fn kind(self) -> Kind {
+        match self {
+            Self::Slices(_) => Kind::Slice,
+            Self::Pods => Kind::Pod,
+        }
+    }
+
+    /// A stored object as served.
+    fn render(self, object: &Value) -> Value {
+        match self {
+            Self::Slices(version) => out(version, object),
+            Self::Pods => with_type(object, "v1", "Pod"),
+        }
+    }
+
+    /// `(kind, apiVersion)` of bookmark objects.
+    fn type_meta(self) -> (&'static str, String) {
+        match self {
+            Self::Slices(version) => ("ResourceSlice", version.group_version()),
+            Self::Pods => ("Pod", "v1".to_owned()),
+        }
+    }
+}
+
 struct WatchStream {
     shared: Arc<Shared>,
-    version: ApiVersion,
+    what: Watched,
     selector: FieldSelector,
     last_rv: u64,
     changed: watch::Receiver<u64>,
@@ -86,9 +119,10 @@ impl WatchStream {
                         continue;
                     }
                     let rv = self.last_rv;
+                    let (kind, api_version) = self.what.type_meta();
                     let object = json!({
-                        "kind": "ResourceSlice",
-                        "apiVersion": self.version.group_version(),
+                        "kind": kind,
+                        "apiVersion": api_version,
                         "metadata": {"resourceVersion": rv.to_string(), "creationTimestamp": null},
                     });
                     self.pending.push_back(line("BOOKMARK", object));
@@ -109,9 +143,9 @@ impl WatchStream {
             self.done = true;
             return;
         }
-        for event in state.events_after(self.last_rv, Kind::Slice) {
+        for event in state.events_after(self.last_rv, self.what.kind()) {
             if self.selector.matches(&event.object) {
-                self.pending.push_back(line(event.event_type.as_str(), out(self.version, &event.object)));
+                self.pending.push_back(line(event.event_type.as_str(), self.what.render(&event.object)));
             }
         }
         self.last_rv = state.resource_version();
@@ -119,10 +153,23 @@ impl WatchStream {
 }
 
 pub(crate) fn start(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiError> {
-    let selector = FieldSelector::parse_for_slices(call.params.get("fieldSelector").map(String::as_str))?;
+    start_of(call, Watched::Slices(version))
+}
+
+/// A watch of pods (all namespaces), with the node authorizer's selector rule.
+pub(crate) fn start_pods(call: &Call<'_>) -> Result<Reply, ApiError> {
+    start_of(call, Watched::Pods)
+}
+
+fn start_of(call: &Call<'_>, what: Watched) -> Result<Reply, ApiError> {
+    let raw_selector = call.params.get("fieldSelector").map(String::as_str);
+    let selector = match what {
+        Watched::Slices(_) => FieldSelector::parse_for_slices(raw_selector)?,
+        Watched::Pods => FieldSelector::parse_for_pods(raw_selector)?,
+    };
     let attrs = Attributes {
         verb: "watch",
-        resource: SLICES,
+        resource: if what == Watched::Pods { PODS } else { SLICES },
         namespace: None,
         name: None,
         selector_node: selector.required_value("spec.nodeName"),
@@ -183,12 +230,13 @@ pub(crate) fn start(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiEr
                         None,
                     ));
                 }
-                for slice in state.slices.values().filter(|s| selector.matches(s)) {
-                    pending.push_back(line("ADDED", out(version, slice)));
+                for object in current(&state, what).filter(|s| selector.matches(s)) {
+                    pending.push_back(line("ADDED", what.render(object)));
                 }
+                let (kind, api_version) = what.type_meta();
                 let end = json!({
-                    "kind": "ResourceSlice",
-                    "apiVersion": version.group_version(),
+                    "kind": kind,
+                    "apiVersion": api_version,
                     "metadata": {
                         "resourceVersion": state.resource_version().to_string(),
                         "creationTimestamp": null,
@@ -199,8 +247,8 @@ pub(crate) fn start(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiEr
                 state.resource_version()
             }
             None => {
-                for slice in state.slices.values().filter(|s| selector.matches(s)) {
-                    pending.push_back(line("ADDED", out(version, slice)));
+                for object in current(&state, what).filter(|s| selector.matches(s)) {
+                    pending.push_back(line("ADDED", what.render(object)));
                 }
                 state.resource_version()
             }
@@ -224,7 +272,7 @@ pub(crate) fn start(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiEr
         next_bookmark: now + shared.opts.bookmark_interval,
         deadline: now + timeout,
         shared,
-        version,
+        what,
         selector,
         last_rv,
         changed,
@@ -236,4 +284,12 @@ pub(crate) fn start(call: &Call<'_>, version: ApiVersion) -> Result<Reply, ApiEr
         Some((Ok::<_, Infallible>(Frame::data(bytes)), watch))
     });
     Ok(Reply::Stream(BodyExt::boxed_unsync(StreamBody::new(frames))))
+}
+
+/// The stored objects a watch of `what` starts with.
+fn current(state: &super::State, what: Watched) -> Box<dyn Iterator<Item = &Value> + '_> {
+    match what {
+        Watched::Slices(_) => Box::new(state.slices.values()),
+        Watched::Pods => Box::new(state.pods.values()),
+    }
 }

@@ -1,0 +1,133 @@
+//! The watch of this node's pods that starts early reads: one watch per node
+//! (`fieldSelector=spec.nodeName=<node>`, the only way the node authorizer lets a node list
+//! pods), reconnecting with backoff like the ResourceSlice watch. Only the claim names of
+//! pods that have not started yet are kept.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use super::Prefetcher;
+use crate::kube::pods::PodClaims;
+use crate::kube::{Client, Event};
+use crate::util::{error_chain, stopped};
+
+/// The claim names of the starting pods with claims, by pod.
+#[derive(Debug, Default)]
+pub(super) struct Pods {
+    claims: HashMap<(String, String), Vec<String>>,
+}
+
+/// What one pod event asks of the cache.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Changes {
+    /// Claims to read now.
+    pub fetch: Vec<(String, String)>,
+    /// Claims whose pod no longer waits for them.
+    pub forget: Vec<(String, String)>,
+}
+
+impl Pods {
+    /// A pod was added or changed.
+    pub(super) fn applied(&mut self, pod: PodClaims, out: &mut Changes) {
+        let key = pod.key();
+        if !pod.starting || pod.claims.is_empty() {
+            self.gone(&key, out);
+            return;
+        }
+        let known = self.claims.get(&key).map(Vec::as_slice).unwrap_or_default();
+        out.fetch.extend(pod.claims.iter().filter(|c| !known.contains(c)).map(|c| (pod.namespace.clone(), c.clone())));
+        out.forget.extend(known.iter().filter(|c| !pod.claims.contains(c)).map(|c| (pod.namespace.clone(), c.clone())));
+        self.claims.insert(key, pod.claims);
+    }
+
+    /// A pod was deleted, started or ended.
+    pub(super) fn gone(&mut self, key: &(String, String), out: &mut Changes) {
+        if let Some(claims) = self.claims.remove(key) {
+            out.forget.extend(claims.into_iter().map(|c| (key.0.clone(), c)));
+        }
+    }
+
+    /// The full set after a (re)list: pods no longer there are gone.
+    pub(super) fn restarted(&mut self, pods: Vec<PodClaims>, out: &mut Changes) {
+        let present: HashSet<(String, String)> = pods.iter().map(PodClaims::key).collect();
+        let vanished: Vec<_> = self.claims.keys().filter(|k| !present.contains(*k)).cloned().collect();
+        for key in &vanished {
+            self.gone(key, out);
+        }
+        for pod in pods {
+            self.applied(pod, out);
+        }
+    }
+
+    /// Starting pods with claims.
+    pub(super) fn len(&self) -> usize {
+        self.claims.len()
+    }
+}
+
+/// Watches the pods bound to `node` and reads the claims of those about to start into
+/// `prefetcher`, until `shutdown`. Reads in flight at shutdown are dropped.
+pub async fn watch_pods(
+    prefetcher: Arc<Prefetcher>,
+    client: Client,
+    node: String,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let selector = format!("spec.nodeName={node}");
+    let events = client.watch_pods(&selector);
+    let mut events = std::pin::pin!(events);
+    let mut pods = Pods::default();
+    let mut reads = JoinSet::new();
+    let mut last_error: Option<String> = None;
+    loop {
+        let event = tokio::select! {
+            () = stopped(&mut shutdown) => return,
+            Some(_) = reads.join_next(), if !reads.is_empty() => continue,
+            event = events.next() => event,
+        };
+        let Some(event) = event else { return };
+        let mut changes = Changes::default();
+        match event {
+            Event::Restarted(all) => {
+                if last_error.take().is_some() {
+                    info!(node = %node, "watching this node's pods again; their claims are read before the kubelet asks");
+                }
+                pods.restarted(all, &mut changes);
+                debug!(starting_pods = pods.len(), "pods of this node listed");
+            }
+            Event::Applied(pod) => pods.applied(pod, &mut changes),
+            Event::Deleted(pod) => pods.gone(&pod.key(), &mut changes),
+            Event::Error(e) => {
+                let message = error_chain(&e);
+                // Once per distinct error: a missing permission would otherwise repeat forever.
+                if last_error.as_deref() != Some(message.as_str()) {
+                    let hint = if e.is_forbidden() {
+                        "; with a service account, allow it to list and watch pods (config/rbac.yaml)"
+                    } else {
+                        ""
+                    };
+                    warn!(error = %message, "cannot watch this node's pods; claims are read when the kubelet asks{hint}; retrying");
+                    last_error = Some(message);
+                } else {
+                    debug!(error = %message, "watching this node's pods failed again; retrying");
+                }
+            }
+        }
+        for (namespace, name) in changes.forget {
+            prefetcher.forget(&namespace, &name);
+        }
+        for (namespace, name) in changes.fetch {
+            if reads.len() >= super::CAPACITY {
+                debug!(claim.namespace = %namespace, claim.name = %name, "too many claims waiting to be read early; left to the kubelet's call");
+                continue;
+            }
+            let p = prefetcher.clone();
+            reads.spawn(async move { p.fetch_early(&namespace, &name).await });
+        }
+    }
+}
