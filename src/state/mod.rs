@@ -29,7 +29,8 @@ use std::fs::{DirBuilder, File};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -230,6 +231,12 @@ struct Db {
     log: File,
     /// This store's identity (see [`Store::id`]).
     id: String,
+    /// Group commit: changes asking to be made durable so far ...
+    written: AtomicU64,
+    /// ... and how many of them the last flush covered; held while flushing.
+    synced: Mutex<u64>,
+    /// Flushes made (sled flush + fsync).
+    flushes: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -326,14 +333,42 @@ impl Db {
                 id
             }
         };
-        Ok(Db { db, claims, devices, shares, gpu_changes, mps_daemons, meta, log, id })
+        Ok(Db {
+            db,
+            claims,
+            devices,
+            shares,
+            gpu_changes,
+            mps_daemons,
+            meta,
+            log,
+            id,
+            written: AtomicU64::new(0),
+            synced: Mutex::new(0),
+            flushes: AtomicU64::new(0),
+        })
     }
 
-    /// Flushes sled, then fsyncs its log file: the only way a change survives a power cut.
-    /// (`conf` is written once, when the database is created, and synced by [`Store::open`].)
+    /// Makes every change made so far durable: flushes sled, then fsyncs its log file, the
+    /// only way a change survives a power cut. (`conf` is written once, when the database
+    /// is created, and synced by [`Store::open`].) Called after a change is in sled's memory.
+    ///
+    /// Group commit: one flush at a time; a caller whose change a flush that started after
+    /// it covered returns without flushing again, so concurrent changes (a burst of pods
+    /// starting) share their fsyncs. A flush covers every change whose caller counted
+    /// itself in `written` before the flush began, since its change was made before that.
     fn make_durable(&self) -> io::Result<()> {
+        let mine = self.written.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+        let mut synced = self.synced.lock().unwrap_or_else(PoisonError::into_inner);
+        if *synced >= mine {
+            return Ok(());
+        }
+        let upto = self.written.load(Ordering::SeqCst);
+        self.flushes.fetch_add(1, Ordering::Relaxed);
         self.db.flush().map_err(sled_io)?;
-        self.log.sync_all()
+        self.log.sync_all()?;
+        *synced = upto;
+        Ok(())
     }
 }
 
@@ -451,6 +486,28 @@ impl Store {
             }
         }
         db.make_durable().map_err(|source| Failure::Poison(StateError::Sync { dir: self.inner.dir.clone(), source }))
+    }
+
+    /// Flushes made since the database was opened, and a guard holding back every flush
+    /// until it drops (tests only: to line changes up behind one flush).
+    #[cfg(test)]
+    pub(crate) fn flushes(&self) -> u64 {
+        self.with_db(|db| Ok(db.flushes.load(Ordering::Relaxed))).expect("flush count")
+    }
+
+    /// See [`Store::flushes`]: runs `f` while no flush can start.
+    #[cfg(test)]
+    pub(crate) fn holding_flushes<T>(&self, f: impl FnOnce() -> T) -> T {
+        let guard = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
+        let db = guard.as_ref().expect("open");
+        let _held = db.synced.lock().unwrap_or_else(PoisonError::into_inner);
+        f()
+    }
+
+    /// Changes that asked to be made durable (tests only).
+    #[cfg(test)]
+    pub(crate) fn durable_requests(&self) -> u64 {
+        self.with_db(|db| Ok(db.written.load(Ordering::SeqCst))).expect("request count")
     }
 
     /// After `ok` more successful durability steps, makes every later one fail as on a

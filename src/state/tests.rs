@@ -335,3 +335,42 @@ fn an_unreadable_share_list_refuses_new_shares_of_its_gpu_until_rebuilt_from_the
     assert_eq!(s.rebuild_share_lists().unwrap(), ["gpu-0"]);
     assert!(s.shares_of("gpu-0").unwrap().is_empty());
 }
+
+#[test]
+fn concurrent_changes_share_one_flush_and_all_of_them_are_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    let before = s.flushes();
+    let asked = s.durable_requests();
+    let writers = s.holding_flushes(|| {
+        let writers: Vec<_> = (0..8)
+            .map(|i| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let mut r = record(&format!("g{i}"), vec![device(&format!("gpu-{i}"), false)]);
+                    r.phase = Phase::PrepareCompleted;
+                    s.put_claim(&r)
+                })
+            })
+            .collect();
+        // Every change is made and waits for a flush.
+        let deadline = Instant::now() + std::time::Duration::from_secs(20);
+        while s.durable_requests() < asked + 8 {
+            assert!(Instant::now() < deadline, "the writers never asked for a flush");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        writers
+    });
+    for w in writers {
+        w.join().expect("writer").expect("put_claim");
+    }
+    assert_eq!(s.flushes() - before, 1, "eight changes, one flush");
+    // A change after them gets its own.
+    let mut r = record("after", vec![device("gpu-9", false)]);
+    r.phase = Phase::PrepareCompleted;
+    s.put_claim(&r).unwrap();
+    assert_eq!(s.flushes() - before, 2);
+    drop(s);
+    let s = Store::open(tmp.path()).unwrap();
+    assert_eq!(s.claims().unwrap().len(), 9, "every change is on disk");
+}
