@@ -126,18 +126,7 @@ pub fn watch_slices(
     resource_version: &str,
     timeout_seconds: u32,
 ) -> Request<Bytes> {
-    let timeout = timeout_seconds.to_string();
-    let uri = with_query(
-        &api.slices_path(),
-        &[
-            ("watch", "true"),
-            ("resourceVersion", resource_version),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", &timeout),
-            ("fieldSelector", field_selector),
-        ],
-    );
-    build(Method::GET, uri, None)
+    watch(&api.slices_path(), field_selector, resource_version, timeout_seconds)
 }
 
 pub fn get_slice(api: ResourceApi, name: &str) -> Request<Bytes> {
@@ -180,9 +169,15 @@ pub fn list_pods(field_selector: &str) -> Request<Bytes> {
 
 /// Watch pods matching a field selector from `resource_version`, with bookmarks.
 pub fn watch_pods(field_selector: &str, resource_version: &str, timeout_seconds: u32) -> Request<Bytes> {
+    watch(PODS_PATH, field_selector, resource_version, timeout_seconds)
+}
+
+/// Watch the objects at `path` matching a field selector from `resource_version`, with
+/// bookmarks, for at most `timeout_seconds`.
+fn watch(path: &str, field_selector: &str, resource_version: &str, timeout_seconds: u32) -> Request<Bytes> {
     let timeout = timeout_seconds.to_string();
     let uri = with_query(
-        PODS_PATH,
+        path,
         &[
             ("watch", "true"),
             ("resourceVersion", resource_version),
