@@ -8,33 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use edra::config::{BackendKind, Config, LoadContext, Overrides};
 use edra::health::HealthBackend;
 use edra::health::nvml::NvmlHealth;
 use edra::health::view::Event;
 use edra::inventory::nvml::NvmlBackend;
 
-use crate::support::nvml::{StubNvml, a100};
+use crate::support::nvml::{StubNvml, a100, uuid};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-fn uuid(i: u32) -> String {
-    format!("GPU-00000000-0000-0000-0000-00000000000{i}")
-}
-
-fn config(stub: &StubNvml) -> Config {
-    let ctx = LoadContext {
-        explicit_file: None,
-        default_file: stub.dir.path().join("absent.toml"),
-        env: vec![],
-        overrides: Overrides::default(),
-        hostname: Some("n1".into()),
-    };
-    let mut cfg = Config::load(&ctx).expect("default configuration");
-    cfg.backend = BackendKind::Nvml;
-    cfg.nvml.library = stub.library.clone();
-    cfg
-}
 
 fn append(stub: &StubNvml, line: &str) {
     use std::io::Write;
@@ -52,7 +33,7 @@ fn registered_gpus_report_xids_ecc_errors_and_losses() {
         a100(2, 2, "00000000:AF:00.0", false),
     ));
     append(&stub, "0 xid 31");
-    let health = Arc::new(NvmlHealth::new(NvmlBackend::load(&config(&stub)).expect("load the stand-in")));
+    let health = Arc::new(NvmlHealth::new(NvmlBackend::load(&stub.config()).expect("load the stand-in")));
     let (tx, rx) = mpsc::channel::<Event>();
     let tx = std::sync::Mutex::new(tx);
     let stop = Arc::new(AtomicBool::new(false));

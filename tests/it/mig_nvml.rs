@@ -7,32 +7,19 @@
 use std::path::Path;
 use std::process::Command;
 
-use edra::config::{BackendKind, Config, LoadContext, Overrides};
+use edra::config::Config;
 use edra::gpu::mig::{MigControl, MigError, MigGpu, MigProfile, Placement, profiles};
 use edra::inventory::nvml::NvmlBackend;
 use edra::inventory::{DeviceBackend, DeviceKind};
 
-use crate::support::nvml::{StubNvml, gpu};
+use crate::support::nvml::{StubNvml, gpu, uuid};
 
 const A100_40: &str = "NVIDIA A100-SXM4-40GB";
 const A100_80: &str = "NVIDIA A100-SXM4-80GB";
 const H100_80: &str = "NVIDIA H100 80GB HBM3";
 
-fn uuid(i: u32) -> String {
-    format!("GPU-00000000-0000-0000-0000-00000000000{i}")
-}
-
 fn config(stub: &StubNvml) -> Config {
-    let ctx = LoadContext {
-        explicit_file: None,
-        default_file: stub.dir.path().join("absent.toml"),
-        env: vec![],
-        overrides: Overrides::default(),
-        hostname: Some("n1".into()),
-    };
-    let mut cfg = Config::load(&ctx).expect("default configuration");
-    cfg.backend = BackendKind::Nvml;
-    cfg.nvml.library = stub.library.clone();
+    let mut cfg = stub.config();
     cfg.paths.dev_root = stub.dir.path().join("dev");
     cfg.paths.proc_root = stub.dir.path().join("proc");
     cfg.paths.sys_root = stub.dir.path().join("sys");

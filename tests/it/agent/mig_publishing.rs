@@ -86,20 +86,6 @@ impl Running {
     }
 }
 
-/// Waits until no write follows for a second after `mark` (for [`WAIT`] at most: a write
-/// loop never goes quiet), and returns the writes made.
-async fn writes_until_quiet(cluster: &Cluster, mark: usize) -> usize {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let before = cluster.server.with_state(|s| s.writes_since(mark));
-        let more =
-            cluster.server.wait_for("another write", Duration::from_secs(1), |s| s.writes_since(mark) > before).await;
-        if more.is_err() || std::time::Instant::now() > deadline {
-            return before;
-        }
-    }
-}
-
 fn counter_sets(slices: &[Value]) -> Vec<String> {
     slices
         .iter()
@@ -134,7 +120,7 @@ async fn dynamic_gpus_are_published_as_counter_sets_and_mig_devices_within_every
         assert_eq!(seven["consumesCounters"][0]["counterSet"], "gpu-0-counters");
         assert_eq!(seven["consumesCounters"][0]["counters"]["memory"]["value"], "80640Mi");
         assert_eq!(seven["consumesCounters"][0]["counters"]["memory-slice-7"]["value"], "1");
-        assert_eq!(writes_until_quiet(&cluster, mark).await, slices.len(), "{gpus} GPUs: one create per slice");
+        assert_eq!(cluster.writes_until_quiet(mark).await, slices.len(), "{gpus} GPUs: one create per slice");
         running.stop().await;
     }
 }
@@ -163,7 +149,7 @@ async fn servers_without_partitionable_devices_get_static_mig_once_with_one_warn
             .wait_for("the static pool", WAIT, |s| device_names(&s.slices_on(NODE)) == ["gpu-0", "gpu-1"])
             .await
             .unwrap_or_else(|_| panic!("{case}: static publishing"));
-        let writes = writes_until_quiet(&cluster, mark).await;
+        let writes = cluster.writes_until_quiet(mark).await;
         let slices = cluster.slices_on(NODE);
         assert!(counter_sets(&slices).is_empty(), "{case}: {slices:?}");
         if drop {

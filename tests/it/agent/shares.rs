@@ -22,20 +22,6 @@ fn device<'a>(slices: &'a [Value], name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("device {name} published: {slices:?}"))
 }
 
-/// Waits until no write follows for a second after `mark` (for [`WAIT`] at most: a write
-/// loop never goes quiet), and returns the writes made.
-async fn writes_until_quiet(cluster: &Cluster, mark: usize) -> usize {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let before = cluster.server.with_state(|s| s.writes_since(mark));
-        let more =
-            cluster.server.wait_for("another write", Duration::from_secs(1), |s| s.writes_since(mark) > before).await;
-        if more.is_err() || std::time::Instant::now() > deadline {
-            return before;
-        }
-    }
-}
-
 #[tokio::test]
 async fn shareable_gpus_carry_their_memory_policy_on_every_api_version_without_rewrites() {
     for (version, git) in
@@ -56,7 +42,7 @@ async fn shareable_gpus_carry_their_memory_policy_on_every_api_version_without_r
             "{version:?}"
         );
         assert_eq!(
-            writes_until_quiet(&cluster, mark).await,
+            cluster.writes_until_quiet(mark).await,
             slices.len(),
             "{version:?}: one create per slice, then none"
         );
@@ -82,7 +68,7 @@ async fn a_server_that_drops_consumable_capacity_gets_the_fallback_once_with_one
             .wait_for("the fallback published", WAIT, |s| device_names(&s.slices_on(NODE)) == expected)
             .await
             .expect("the fallback replaces the shareable GPUs");
-        let writes = writes_until_quiet(&cluster, mark).await;
+        let writes = cluster.writes_until_quiet(mark).await;
         assert!(writes <= 3, "{fallback}: the first write, the fallback, at most one delete: {writes}");
         let slices = cluster.slices_on(NODE);
         assert!(device_names(&slices).iter().all(|n| device(&slices, n).get("allowMultipleAllocations").is_none()));

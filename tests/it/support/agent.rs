@@ -122,6 +122,22 @@ impl Cluster {
         self.server.with_state(|s| s.slices_on(node))
     }
 
+    /// Waits until no write follows for a second after `mark` (for [`WAIT`] at most: a
+    /// write loop never goes quiet), and returns the writes made.
+    pub async fn writes_until_quiet(&self, mark: usize) -> usize {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let before = self.server.with_state(|s| s.writes_since(mark));
+            let more = self
+                .server
+                .wait_for("another write", std::time::Duration::from_secs(1), |s| s.writes_since(mark) > before)
+                .await;
+            if more.is_err() || std::time::Instant::now() > deadline {
+                return before;
+            }
+        }
+    }
+
     /// Waits until `node`'s pool is published with `devices` devices.
     pub async fn wait_published(&self, node: &str, devices: usize) {
         self.server

@@ -26,12 +26,32 @@ impl StubNvml {
         Self { dir, library }
     }
 
+    /// The default configuration with the NVML backend loading this stand-in (node `n1`).
+    pub fn config(&self) -> edra::config::Config {
+        let ctx = edra::config::LoadContext {
+            explicit_file: None,
+            default_file: self.dir.path().join("absent.toml"),
+            env: vec![],
+            overrides: edra::config::Overrides::default(),
+            hostname: Some("n1".into()),
+        };
+        let mut cfg = edra::config::Config::load(&ctx).expect("default configuration");
+        cfg.backend = edra::config::BackendKind::Nvml;
+        cfg.nvml.library = self.library.clone();
+        cfg
+    }
+
     /// A stand-in without `nvml_stub.conf`: nvmlInit_v2 fails with "driver not loaded".
     pub fn without_config() -> Self {
         let s = Self::new("");
         std::fs::remove_file(s.dir.path().join("nvml_stub.conf")).expect("remove nvml_stub.conf");
         s
     }
+}
+
+/// The UUID [`a100`] and [`gpu`] give GPU `i`.
+pub fn uuid(i: u32) -> String {
+    format!("GPU-00000000-0000-0000-0000-00000000000{i}")
 }
 
 /// A shared library with no NVML symbols at all, in `dir`.
