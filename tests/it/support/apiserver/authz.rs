@@ -23,6 +23,22 @@ pub struct Attributes<'a> {
     pub claim_on_node: bool,
 }
 
+impl Attributes<'_> {
+    /// `verb` on `resource`, cluster-wide, with nothing else known (fill in the rest).
+    pub fn new(verb: &'static str, resource: Resource) -> Self {
+        Attributes {
+            verb,
+            resource,
+            namespace: None,
+            name: None,
+            selector_node: None,
+            existing_node: None,
+            new_node: None,
+            claim_on_node: false,
+        }
+    }
+}
+
 /// A (user, verb, resource plural) combination the test forbids.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForbidRule {

@@ -293,16 +293,7 @@ fn claim_get(call: &Call<'_>, version: ApiVersion, namespace: &str, name: &str) 
 }
 
 fn node_get(call: &Call<'_>, name: &str) -> Result<Reply, ApiError> {
-    let attrs = Attributes {
-        verb: "get",
-        resource: NODES,
-        namespace: None,
-        name: Some(name),
-        selector_node: None,
-        existing_node: None,
-        new_node: None,
-        claim_on_node: false,
-    };
+    let attrs = Attributes { name: Some(name), ..Attributes::new("get", NODES) };
     call.authorize(&attrs)?;
     let node = call.shared.lock().nodes.get(name).cloned().ok_or_else(|| ApiError::not_found(NODES, name))?;
     Ok(Reply::Json(StatusCode::OK, with_type(&node, "v1", "Node")))

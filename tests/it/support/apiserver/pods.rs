@@ -15,16 +15,7 @@ use super::status::{ApiError, PODS};
 
 pub(crate) fn list(call: &Call<'_>) -> Result<Reply, ApiError> {
     let selector = FieldSelector::parse_for_pods(call.params.get("fieldSelector").map(String::as_str))?;
-    let attrs = Attributes {
-        verb: "list",
-        resource: PODS,
-        namespace: None,
-        name: None,
-        selector_node: selector.required_value("spec.nodeName"),
-        existing_node: None,
-        new_node: None,
-        claim_on_node: false,
-    };
+    let attrs = Attributes { selector_node: selector.required_value("spec.nodeName"), ..Attributes::new("list", PODS) };
     call.authorize(&attrs)?;
     let state = call.shared.lock();
     let items: Vec<Value> = state.pods.values().filter(|p| selector.matches(p)).cloned().collect();

@@ -16,16 +16,7 @@ use super::status::{ApiError, Cause, SLICES};
 use super::{quantity, validate};
 
 fn attrs<'a>(verb: &'static str, name: Option<&'a str>) -> Attributes<'a> {
-    Attributes {
-        verb,
-        resource: SLICES,
-        namespace: None,
-        name,
-        selector_node: None,
-        existing_node: None,
-        new_node: None,
-        claim_on_node: false,
-    }
+    Attributes { name, ..Attributes::new(verb, SLICES) }
 }
 
 fn node_of(object: &Value) -> Option<&str> {

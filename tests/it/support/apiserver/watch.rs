@@ -167,16 +167,9 @@ fn start_of(call: &Call<'_>, what: Watched) -> Result<Reply, ApiError> {
         Watched::Slices(_) => FieldSelector::parse_for_slices(raw_selector)?,
         Watched::Pods => FieldSelector::parse_for_pods(raw_selector)?,
     };
-    let attrs = Attributes {
-        verb: "watch",
-        resource: if what == Watched::Pods { PODS } else { SLICES },
-        namespace: None,
-        name: None,
-        selector_node: selector.required_value("spec.nodeName"),
-        existing_node: None,
-        new_node: None,
-        claim_on_node: false,
-    };
+    let resource = if what == Watched::Pods { PODS } else { SLICES };
+    let attrs =
+        Attributes { selector_node: selector.required_value("spec.nodeName"), ..Attributes::new("watch", resource) };
     call.authorize(&attrs)?;
     let timeout = match call.params.get("timeoutSeconds") {
         None => DEFAULT_TIMEOUT,
