@@ -166,7 +166,6 @@ pub async fn run_signalling(
     let store_health = preparer.store().health();
     let held_shares = preparer.shared_gpus();
     let owned_mig = preparer.owned_mig();
-    let owned_mig_changes = owned_mig.clone();
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let monitor = HealthMonitor::start(
@@ -221,18 +220,13 @@ pub async fn run_signalling(
         cluster.clone(),
         config.driver_name.clone(),
         config.node_name.clone(),
-        (config.sharing.clone(), held_shares),
-        (config.mig.clone(), owned_mig.clone()),
+        Offers { sharing: config.sharing.clone(), held_shares, mig: config.mig.clone(), owned_mig: owned_mig.clone() },
         (inventory_rx.clone(), health_snapshot.clone()),
         status_tx,
         shutdown.clone(),
     ));
-    let rediscovering = tokio::spawn(rediscover(
-        backend,
-        inventory_tx,
-        (config.rediscovery_interval, owned_mig_changes),
-        shutdown.clone(),
-    ));
+    let rediscovering =
+        tokio::spawn(rediscover(backend, inventory_tx, (config.rediscovery_interval, owned_mig), shutdown.clone()));
     let serving_metrics = metrics_listener.map(|listener| {
         let api_client = client.clone();
         let sources = StateSources {
@@ -487,13 +481,20 @@ async fn rediscover(
 }
 
 /// Reaches the API server (retrying while it is unreachable), then keeps the pool published.
-#[allow(clippy::too_many_arguments)] // each pair of settings and their watch travels together
+/// How the GPUs are offered, with what the preparer holds of them: the publisher keeps a
+/// GPU with shares prepared as it is, and tells edra's MIG instances from foreign ones.
+struct Offers {
+    sharing: crate::sharing::SharingSettings,
+    held_shares: watch::Receiver<Arc<std::collections::BTreeSet<String>>>,
+    mig: crate::mig::MigSettings,
+    owned_mig: watch::Receiver<Arc<crate::mig::OwnedInstances>>,
+}
+
 async fn publish(
     cluster: Arc<Cluster>,
     driver: String,
     node: String,
-    (sharing, held_shares): (crate::sharing::SharingSettings, watch::Receiver<Arc<std::collections::BTreeSet<String>>>),
-    (mig, owned_mig): (crate::mig::MigSettings, watch::Receiver<Arc<crate::mig::OwnedInstances>>),
+    Offers { sharing, held_shares, mig, owned_mig }: Offers,
     (inventory, health): (watch::Receiver<Arc<Inventory>>, watch::Receiver<Arc<HealthSnapshot>>),
     status: watch::Sender<PublishStatus>,
     mut shutdown: watch::Receiver<bool>,
