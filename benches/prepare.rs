@@ -28,31 +28,21 @@ const WARMUP: usize = 40;
 #[tokio::main]
 async fn main() {
     println!("# edra prepare benchmark (agent in-process, gRPC over a Unix socket, API server on loopback HTTPS)\n");
-    if std::env::args().any(|a| a == "timeslicing") {
-        time_slicing().await;
-        return;
-    }
-    if std::env::args().any(|a| a == "mps") {
-        mps().await;
-        return;
-    }
-    if std::env::args().any(|a| a == "shares") {
-        shares().await;
-        return;
-    }
-    if std::env::args().any(|a| a == "mig") {
-        mig().await;
-        return;
-    }
-    if std::env::args().any(|a| a == "prefetch") {
-        pod_starts_table().await;
-        return;
-    }
-    if std::env::args().any(|a| a == "single") {
-        drop(single(8, Layout::Production).await);
-        burst().await;
-        pod_starts_table().await;
-        return;
+    // One part when its name is given (`cargo bench --bench prepare -- mig`), else all.
+    const PARTS: [&str; 6] = ["timeslicing", "mps", "shares", "mig", "prefetch", "single"];
+    let args: Vec<String> = std::env::args().collect();
+    match PARTS.into_iter().find(|p| args.iter().any(|a| a == p)) {
+        Some("timeslicing") => return time_slicing().await,
+        Some("mps") => return mps().await,
+        Some("shares") => return shares().await,
+        Some("mig") => return mig().await,
+        Some("prefetch") => return pod_starts_table().await,
+        Some(_) => {
+            drop(single(8, Layout::Production).await);
+            burst().await;
+            return pod_starts_table().await;
+        }
+        None => {}
     }
     let sample = single(8, Layout::Production).await;
     let same_disk = single(8, Layout::SameDisk).await;
