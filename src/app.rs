@@ -200,9 +200,11 @@ pub async fn run_signalling(
         config.claims,
         shutdown.clone(),
     ));
+    let stager = config.prepare_early.then(|| preparer.clone());
     let prefetching = prefetcher.map(|p| {
         tokio::spawn(crate::prepare::prefetch::watch_pods(
             p,
+            stager,
             client.clone(),
             config.node_name.clone(),
             shutdown.clone(),

@@ -243,6 +243,9 @@ pub struct Config {
     /// `claims.prefetch`: watch this node's pods and read their claims before the kubelet
     /// asks ([`crate::prepare::prefetch`]).
     pub prefetch_claims: bool,
+    /// `claims.prepare_early`: prepare a claim read early at once when it changes nothing
+    /// on a GPU ([`crate::prepare::stage`]); needs `claims.prefetch`.
+    pub prepare_early: bool,
 }
 
 /// `[health]`: how GPU health events are judged and how often GPUs are probed.
@@ -496,6 +499,7 @@ impl Config {
             ),
         };
         let prefetch_claims = r.get("claims.prefetch", true, boolean);
+        let prepare_early = r.get("claims.prepare_early", true, boolean);
         Config {
             file,
             node_name,
@@ -517,6 +521,7 @@ impl Config {
             health,
             claims,
             prefetch_claims,
+            prepare_early,
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod plan;
 pub mod prefetch;
 pub mod recover;
 mod shared;
+pub mod stage;
 pub mod stale;
 #[cfg(test)]
 mod tests;
@@ -540,6 +541,8 @@ struct Inner {
     backend: Option<Arc<dyn DeviceBackend>>,
     /// The MIG instances recorded (for the publisher, which tells them from foreign ones).
     owned_mig: watch::Sender<Arc<crate::mig::OwnedInstances>>,
+    /// Claims prepared early that the kubelet has not asked for yet: UID → (namespace, name).
+    staged: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, PrepareError> {
@@ -555,6 +558,13 @@ pub fn read_boot_id(proc_root: &Path) -> String {
     std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id"))
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// A claim planned for prepare: its record and the GPU changes it needs.
+struct Planned {
+    record: ClaimRecord,
+    gpus: Vec<plan::TimeSlicedGpu>,
+    mps_plan: Option<plan::MpsPlan>,
 }
 
 fn answer(record: &ClaimRecord) -> Vec<PreparedDevice> {
@@ -622,6 +632,7 @@ impl Preparer {
             shared_gpus: watch::Sender::new(Arc::default()),
             backend,
             owned_mig: watch::Sender::new(Arc::default()),
+            staged: Default::default(),
         };
         let preparer = Self { inner: Arc::new(inner) };
         preparer.refresh_shared_gpus();
@@ -774,12 +785,44 @@ impl Preparer {
                 .await??;
             }
             self.inner.claims.prepared(&claim);
-            tracing::debug!(claim.uid = %rec.uid, "claim already prepared; answered from state");
+            match self.asked_for(&claim.uid) {
+                true => tracing::debug!(claim.uid = %rec.uid, "claim prepared early; answered from state"),
+                false => tracing::debug!(claim.uid = %rec.uid, "claim already prepared; answered from state"),
+            }
             return Ok(answer(&rec));
         }
         let fetched = self.inner.claims.claim_for(&claim, deadline).await.map_err(PrepareError::Fetch)?;
+        let planned = self.plan_claim(&claim, &fetched)?;
+        // Before anything is recorded or changed: a missing binary leaves all as it was.
+        self.check_nvidia_smi(&planned.gpus)?;
+        if planned.mps_plan.is_some() {
+            self.inner.mps.check_binary().map_err(PrepareError::Mps)?;
+        }
+        if self.inner.settings.sharing.enforcement == Enforcement::Mps
+            && let Some(share) = enforced_shares(&planned.record.devices).next()
+        {
+            let gpu = share.gpu.clone();
+            self.inner.mps.check_binary().map_err(|source| PrepareError::SharedMps { gpu, source })?;
+        }
+        let gpu_locks = self.lock_shared_gpus(&planned.record.devices).await;
+        let this = self.clone();
+        let held = guard.clone();
+        let done = blocking(move || {
+            let _held = (held, gpu_locks);
+            this.apply(planned)
+        })
+        .await??;
+        self.inner.claims.prepared(&claim);
+        tracing::info!(claim.uid = %done.uid, devices = done.devices.len(), "claim prepared");
+        Ok(answer(&done))
+    }
+
+    /// Plans claim `claim` as the API server sent it (`fetched`): the record to write
+    /// (PrepareStarted, its devices resolved against the current inventory) and the GPU
+    /// changes it needs.
+    fn plan_claim(&self, claim: &ClaimRef, fetched: &ResourceClaim) -> Result<Planned, PrepareError> {
         let inventory = self.inventory_view();
-        let devices = plan::plan(&self.inner.settings, &claim, &fetched, &inventory)?;
+        let devices = plan::plan(&self.inner.settings, claim, fetched, &inventory)?;
         let gpus = plan::timeslicing_gpus(&devices, &inventory);
         let mps_plan = match devices.iter().any(|d| d.mig.is_some()) {
             false => plan::mps_plan(&devices, &inventory)?,
@@ -789,17 +832,6 @@ impl Preparer {
                 plan::mps_plan(&devices, &mig::with_mig_devices(&inventory, &devices, &s.dev_root, &s.proc_root))?
             }
         };
-        // Before anything is recorded or changed: a missing binary leaves all as it was.
-        self.check_nvidia_smi(&gpus)?;
-        if mps_plan.is_some() {
-            self.inner.mps.check_binary().map_err(PrepareError::Mps)?;
-        }
-        if self.inner.settings.sharing.enforcement == Enforcement::Mps
-            && let Some(share) = enforced_shares(&devices).next()
-        {
-            let gpu = share.gpu.clone();
-            self.inner.mps.check_binary().map_err(|source| PrepareError::SharedMps { gpu, source })?;
-        }
         let record = ClaimRecord {
             schema: SCHEMA_VERSION,
             uid: claim.uid.clone(),
@@ -811,17 +843,16 @@ impl Preparer {
             created_at: now_secs(),
             boot_id: self.inner.boot_id.clone(),
         };
-        let gpu_locks = self.lock_shared_gpus(&record.devices).await;
-        let this = self.clone();
-        let held = guard.clone();
-        let done = blocking(move || {
-            let _held = (held, gpu_locks);
-            this.apply(record, &gpus, mps_plan.as_ref())
-        })
-        .await??;
-        self.inner.claims.prepared(&claim);
-        tracing::info!(claim.uid = %done.uid, devices = done.devices.len(), "claim prepared");
-        Ok(answer(&done))
+        Ok(Planned { record, gpus, mps_plan })
+    }
+
+    /// Whether a planned claim changes nothing on a GPU (no time-slice, MPS daemon, MIG
+    /// instance or shared-GPU setting): then one durable step prepares it.
+    fn changes_nothing(&self, planned: &Planned) -> bool {
+        planned.gpus.is_empty()
+            && planned.mps_plan.is_none()
+            && planned.record.migs().next().is_none()
+            && !self.changes_shared_gpus(&planned.record)
     }
 
     /// Steps 4–7 of prepare (blocking I/O). A claim that changes nothing on a GPU needs one
@@ -830,16 +861,13 @@ impl Preparer {
     /// settings or runs an MPS daemon records PrepareStarted first, so recovery can undo
     /// them, then the changes, the spec and PrepareCompleted. On a failure, what was done
     /// is undone.
-    fn apply(
-        &self,
-        mut record: ClaimRecord,
-        gpus: &[plan::TimeSlicedGpu],
-        mps_plan: Option<&plan::MpsPlan>,
-    ) -> Result<ClaimRecord, PrepareError> {
-        let migs = record.migs().next().is_some();
-        if gpus.is_empty() && mps_plan.is_none() && !migs && !self.changes_shared_gpus(&record) {
-            return self.apply_in_one_step(record);
+    fn apply(&self, planned: Planned) -> Result<ClaimRecord, PrepareError> {
+        if self.changes_nothing(&planned) {
+            return self.apply_in_one_step(planned.record);
         }
+        let Planned { mut record, gpus, mps_plan } = planned;
+        let (gpus, mps_plan) = (gpus.as_slice(), mps_plan.as_ref());
+        let migs = record.migs().next().is_some();
         let store = &self.inner.store;
         if migs {
             self.check_migs(&record)?;

@@ -157,6 +157,24 @@ enum Found {
     Own(u64, watch::Sender<Option<Arc<ResourceClaim>>>),
 }
 
+/// What [`Prefetcher::fetch_early`] did.
+#[derive(Debug, Clone)]
+pub enum Early {
+    /// Not sent: the claim is cached or being read, or was prepared meanwhile.
+    NotSent,
+    /// Read (or tried), not kept: not allocated and reserved yet, or the read failed.
+    Read,
+    /// Read and kept: allocated and reserved for a pod.
+    Kept(Arc<ResourceClaim>),
+}
+
+impl Early {
+    /// Whether the read was sent.
+    pub fn sent(&self) -> bool {
+        !matches!(self, Early::NotSent)
+    }
+}
+
 /// A [`ClaimSource`] that serves claims read early, over the source that reads them.
 pub struct Prefetcher {
     source: Arc<dyn ClaimSource>,
@@ -191,19 +209,20 @@ impl Prefetcher {
 
     /// Reads `namespace/name` now unless it is cached or being read: waits for one of
     /// [`AT_ONCE`] places, then reads it within [`EARLY_BUDGET`] if the rate limit has a
-    /// token free; an allocated, reserved claim is kept. Returns whether it was read.
-    pub async fn fetch_early(&self, namespace: &str, name: &str) -> bool {
+    /// token free; an allocated, reserved claim is kept. Returns whether it was read, and
+    /// the claim when it was kept.
+    pub async fn fetch_early(&self, namespace: &str, name: &str) -> Early {
         let key = (namespace.to_string(), name.to_string());
         if self.cache().live(&key, Instant::now()).is_some() {
-            return false;
+            return Early::NotSent;
         }
         // The place is taken before the flight shows, so a prepare never waits for a read
         // that has not started.
-        let Ok(_place) = self.at_once.acquire().await else { return false };
+        let Ok(_place) = self.at_once.acquire().await else { return Early::NotSent };
         let (seq, tx) = {
             let mut cache = self.cache();
             if cache.live(&key, Instant::now()).is_some() {
-                return false;
+                return Early::NotSent;
             }
             cache.fly(key.clone())
         };
@@ -215,14 +234,18 @@ impl Prefetcher {
                 let kept = cacheable(&claim);
                 tracing::debug!(claim.namespace = namespace, claim.name = name, kept, "claim read early");
                 self.cache().land(&key, seq, if kept { Landing::Keep(claim.clone()) } else { Landing::Drop });
-                tx.send_replace(Some(claim));
+                tx.send_replace(Some(claim.clone()));
+                match kept {
+                    true => Early::Kept(claim),
+                    false => Early::Read,
+                }
             }
             Err(e) => {
                 tracing::debug!(claim.namespace = namespace, claim.name = name, error = %crate::util::error_chain(&e), "claim not read early");
                 self.cache().land(&key, seq, Landing::Drop);
+                Early::Read
             }
         }
-        true
     }
 
     /// Drops what is kept of `namespace/name` (its pod started, ended or went away).

@@ -117,15 +117,15 @@ async fn a_claim_read_early_is_prepared_without_a_read_then_dropped() {
     let source = Source::new();
     source.put("c1", UID1, true);
     let p = Prefetcher::new(source.clone());
-    assert!(p.fetch_early("ns", "c1").await);
-    assert!(!p.fetch_early("ns", "c1").await, "kept: not read twice");
+    assert!(p.fetch_early("ns", "c1").await.sent());
+    assert!(!p.fetch_early("ns", "c1").await.sent(), "kept: not read twice");
     assert_eq!(source.total(), 1);
     let got = ClaimSource::claim_for(&p, &cref("c1", UID1), soon()).await.unwrap();
     assert_eq!(uid_of(&got), UID1);
     assert_eq!(source.total(), 1, "the prepare read nothing");
     ClaimSource::prepared(&p, &cref("c1", UID1));
     assert_eq!(p.kept(), 0, "dropped after a successful prepare");
-    assert!(!p.fetch_early("ns", "c1").await, "an early read coming after the prepare is not sent");
+    assert!(!p.fetch_early("ns", "c1").await.sent(), "an early read coming after the prepare is not sent");
     ClaimSource::claim_for(&p, &cref("c1", UID1), soon()).await.unwrap();
     assert_eq!(source.total(), 2, "asked again, the prepare reads it itself");
 }
@@ -176,7 +176,7 @@ async fn a_prepare_during_the_early_read_waits_for_it() {
     source.open();
     let got = prepare.await.unwrap();
     assert_eq!(uid_of(&got), UID1);
-    assert!(early.await.unwrap());
+    assert!(early.await.unwrap().sent());
     assert_eq!(source.total(), 1, "one read in total");
 }
 
@@ -193,11 +193,11 @@ async fn an_early_read_during_the_prepares_own_read_is_not_sent() {
     while source.total() == 0 {
         tokio::task::yield_now().await;
     }
-    assert!(!p.fetch_early("ns", "c1").await, "not sent while the prepare reads it");
+    assert!(!p.fetch_early("ns", "c1").await.sent(), "not sent while the prepare reads it");
     source.open();
     prepare.await.unwrap().unwrap();
     assert_eq!(source.total(), 1);
-    assert!(!p.fetch_early("ns", "c1").await, "nor after it");
+    assert!(!p.fetch_early("ns", "c1").await.sent(), "nor after it");
     assert_eq!(source.early.load(Ordering::SeqCst), 0);
     assert_eq!(p.kept(), 0, "the prepare's own read is not kept");
 }
@@ -325,6 +325,6 @@ async fn a_prepare_cancelled_during_its_own_read_leaves_no_flight_behind() {
     }
     source.open();
     assert!(!p.holds("ns", "c1"), "the abandoned flight is not live");
-    assert!(p.fetch_early("ns", "c1").await, "so an early read may go");
+    assert!(p.fetch_early("ns", "c1").await.sent(), "so an early read may go");
     assert_eq!(p.kept(), 1);
 }

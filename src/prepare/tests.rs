@@ -418,3 +418,5 @@ mod shares_mps;
 mod sharing;
 #[path = "tests_cdi.rs"]
 mod spec;
+#[path = "tests_stage.rs"]
+mod stage;

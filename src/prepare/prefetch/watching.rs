@@ -1,7 +1,9 @@
 //! The watch of this node's pods that starts early reads: one watch per node
 //! (`fieldSelector=spec.nodeName=<node>`, the only way the node authorizer lets a node list
 //! pods), reconnecting with backoff like the ResourceSlice watch. Only the claim names of
-//! pods that have not started yet are kept.
+//! pods that have not started yet are kept. With a [`Preparer`] to stage them, a claim read
+//! early is prepared at once ([`crate::prepare::stage`]), and released again when no pod
+//! of this node waits for it any more before the kubelet asked for it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -11,9 +13,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use super::Prefetcher;
+use super::{Early, Prefetcher};
 use crate::kube::pods::PodClaims;
 use crate::kube::{Client, Event};
+use crate::prepare::Preparer;
+use crate::prepare::stage::Staged;
 use crate::util::{error_chain, stopped};
 
 /// The claim names of the starting pods with claims, by pod.
@@ -64,6 +68,11 @@ impl Pods {
         }
     }
 
+    /// Whether a starting pod still uses claim `namespace/name`.
+    pub(super) fn waits_for(&self, namespace: &str, name: &str) -> bool {
+        self.claims.iter().any(|((ns, _), claims)| ns == namespace && claims.iter().any(|c| c == name))
+    }
+
     /// Starting pods with claims.
     pub(super) fn len(&self) -> usize {
         self.claims.len()
@@ -71,9 +80,12 @@ impl Pods {
 }
 
 /// Watches the pods bound to `node` and reads the claims of those about to start into
-/// `prefetcher`, until `shutdown`. Reads in flight at shutdown are dropped.
+/// `prefetcher`, until `shutdown`; with `stager`, claims read are prepared at once and those
+/// no pod waits for any more before the kubelet asked are released. Reads in flight at
+/// shutdown are dropped.
 pub async fn watch_pods(
     prefetcher: Arc<Prefetcher>,
+    stager: Option<Preparer>,
     client: Client,
     node: String,
     mut shutdown: watch::Receiver<bool>,
@@ -120,6 +132,11 @@ pub async fn watch_pods(
         }
         for (namespace, name) in changes.forget {
             prefetcher.forget(&namespace, &name);
+            if let Some(stager) = stager.clone()
+                && !pods.waits_for(&namespace, &name)
+            {
+                reads.spawn(async move { unstage(&stager, &namespace, &name).await });
+            }
         }
         for (namespace, name) in changes.fetch {
             if reads.len() >= super::CAPACITY {
@@ -127,7 +144,52 @@ pub async fn watch_pods(
                 continue;
             }
             let p = prefetcher.clone();
-            reads.spawn(async move { p.fetch_early(&namespace, &name).await });
+            let stager = stager.clone();
+            reads.spawn(async move {
+                if let Early::Kept(claim) = p.fetch_early(&namespace, &name).await
+                    && let Some(stager) = stager
+                {
+                    stage(&stager, &claim).await;
+                }
+            });
         }
+    }
+}
+
+/// Prepares `claim` early, logging at debug why not.
+async fn stage(stager: &Preparer, claim: &k8s_openapi::api::resource::v1::ResourceClaim) {
+    let (namespace, name) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref());
+    let (namespace, name) = (namespace.unwrap_or_default(), name.unwrap_or_default());
+    match stager.stage(claim).await {
+        Ok(Staged::Prepared | Staged::AlreadyPrepared) => {}
+        Ok(Staged::ChangesGpus) => {
+            debug!(
+                claim.namespace = namespace,
+                claim.name = name,
+                "claim changes GPU settings; prepared when the kubelet asks"
+            )
+        }
+        Err(e) => debug!(
+            claim.namespace = namespace,
+            claim.name = name,
+            error = %crate::util::error_chain(&e),
+            "claim not prepared early; the kubelet's call prepares it"
+        ),
+    }
+}
+
+/// Releases claim `namespace/name` if it was prepared early and the kubelet never asked.
+async fn unstage(stager: &Preparer, namespace: &str, name: &str) {
+    match stager.unstage(namespace, name).await {
+        Ok(true) => info!(
+            claim = %format!("{namespace}/{name}"),
+            "released claim {namespace}/{name}, prepared before the kubelet asked: no pod of this node waits for it any more"
+        ),
+        Ok(false) => {}
+        Err(e) => warn!(
+            claim = %format!("{namespace}/{name}"),
+            error = %crate::util::error_chain(&e),
+            "cannot release claim {namespace}/{name}, prepared early for a pod that went; the stale-claim check will"
+        ),
     }
 }

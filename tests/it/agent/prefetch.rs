@@ -10,7 +10,9 @@ use std::time::Duration;
 use edra::plugin::ClaimRef;
 use futures_util::StreamExt;
 
-use crate::support::agent::{Agent, CapturedLogs, Cluster, DRIVER, GPUS, NODE, WAIT, prepare, prepare_ok};
+use crate::support::agent::{
+    Agent, CapturedLogs, Cluster, DRIVER, GPUS, NODE, WAIT, prepare, prepare_ok, unprepare_ok, wait_until,
+};
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder, Fault, FaultAction, Identity, State, bound_pod};
 
 const NS: &str = "default";
@@ -100,7 +102,9 @@ async fn a_bound_pods_claim_is_read_before_the_kubelet_asks_and_prepared_without
 #[tokio::test]
 async fn a_claim_created_again_under_a_new_uid_is_read_afresh() {
     let cluster = Cluster::start().await;
-    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    // Not prepared early: the kept claim is what is tested.
+    let config = cluster.config_with(NODE, &format!("gpus = {GPUS}\n[claims]\nprepare_early = false\n"));
+    let agent = Agent::start(cluster.fs(), config).await;
     wait_watching_pods(&cluster).await;
     let old = scheduled_claim(&cluster, "again", "gpu-0", "pod-again");
     bind_pod(&cluster, "pod-again", "again");
@@ -210,5 +214,70 @@ async fn without_leave_to_watch_pods_edra_says_so_once_and_prepares_as_before() 
     let warned = text.lines().filter(|l| l.contains("cannot watch this node's pods")).collect::<Vec<_>>();
     assert_eq!(warned.len(), 1, "{text}");
     assert!(warned[0].contains("WARN edra::prepare::prefetch::watching: cannot watch this node's pods; claims are read when the kubelet asks; with a service account, allow it to list and watch pods (config/rbac.yaml); retrying"), "{}", warned[0]);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn a_bound_pods_claim_is_prepared_before_the_kubelet_asks_and_released_if_the_pod_goes_first() {
+    let cluster = Cluster::start().await;
+    let (logs, _guard) = CapturedLogs::start_at("info");
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    wait_watching_pods(&cluster).await;
+    let fs = cluster.fs();
+
+    // Bound: prepared at once, before any call; the kubelet's call then reads nothing.
+    let asked = scheduled_claim(&cluster, "asked", "gpu-0", "pod-asked");
+    bind_pod(&cluster, "pod-asked", "asked");
+    wait_until("the claim prepared early", || fs.spec_file(&asked.uid).exists()).await;
+    let mark = cluster.server.request_mark();
+    let mut v1 = agent.v1().await;
+    let ids = prepare_ok(&mut v1, &asked).await;
+    assert_eq!(ids, [format!("k8s.{DRIVER}/claim={}-gpu-0", asked.uid)]);
+    assert_eq!(cluster.server.with_state(|s| gets_of(s, "asked", mark)), 0, "no GET");
+
+    // Bound, prepared early, then deleted before the kubelet asked: released, GPU free.
+    let gone = scheduled_claim(&cluster, "gone", "gpu-1", "pod-gone");
+    bind_pod(&cluster, "pod-gone", "gone");
+    wait_until("the second claim prepared early", || fs.spec_file(&gone.uid).exists()).await;
+    cluster.server.delete_pod(NS, "pod-gone").expect("the pod existed");
+    wait_until("the unasked claim released", || !fs.spec_file(&gone.uid).exists()).await;
+    wait_until("the release logged", || {
+        logs.text().contains("released claim default/gone, prepared before the kubelet asked")
+    })
+    .await;
+    // Its GPU goes to the next pod's claim, prepared early too.
+    let next = scheduled_claim(&cluster, "next", "gpu-1", "pod-next");
+    bind_pod(&cluster, "pod-next", "next");
+    wait_until("the next claim prepared early", || fs.spec_file(&next.uid).exists()).await;
+    prepare_ok(&mut v1, &next).await;
+
+    // A claim the kubelet asked for stays when its pod goes: the kubelet's unprepare releases it.
+    cluster.server.delete_pod(NS, "pod-asked").expect("the pod existed");
+    let last = scheduled_claim(&cluster, "last", "gpu-2", "pod-last");
+    bind_pod(&cluster, "pod-last", "last");
+    wait_until("the last claim prepared early", || fs.spec_file(&last.uid).exists()).await;
+    assert!(fs.spec_file(&asked.uid).exists(), "the kubelet's claim is kept");
+    unprepare_ok(&mut v1, &asked).await;
+    assert!(!fs.spec_file(&asked.uid).exists());
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn with_prepare_early_off_a_read_claim_waits_for_the_kubelet() {
+    let cluster = Cluster::start().await;
+    let config = cluster.config_with(NODE, &format!("gpus = {GPUS}\n[claims]\nprepare_early = false\n"));
+    let agent = Agent::start(cluster.fs(), config).await;
+    wait_watching_pods(&cluster).await;
+    let claim = scheduled_claim(&cluster, "later", "gpu-0", "pod-later");
+    bind_pod(&cluster, "pod-later", "later");
+    cluster.server.wait_for("the claim read early", WAIT, |s| gets_of(s, "later", 0) == 1).await.expect("read");
+    // A second pod read after it shows the first read has been handled.
+    scheduled_claim(&cluster, "after", "gpu-1", "pod-after");
+    bind_pod(&cluster, "pod-after", "after");
+    cluster.server.wait_for("the second claim read early", WAIT, |s| gets_of(s, "after", 0) == 1).await.expect("read");
+    assert!(!cluster.fs().spec_file(&claim.uid).exists(), "nothing prepared before the kubelet asks");
+    let mut v1 = agent.v1().await;
+    prepare_ok(&mut v1, &claim).await;
+    assert!(cluster.fs().spec_file(&claim.uid).exists());
     agent.stop().await;
 }

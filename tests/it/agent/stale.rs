@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::agent::{Agent, CapturedLogs, Cluster, DRIVER, GPUS, NODE, WAIT, prepare_ok};
+use crate::support::agent::{Agent, CapturedLogs, Cluster, DRIVER, GPUS, NODE, prepare_ok, wait_until};
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
 
 /// Checked every second, released after a second of being gone.
@@ -18,14 +18,6 @@ fn reserved_claim(cluster: &Cluster, name: &str, device: &str) -> edra::plugin::
             .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, device))
             .reserved_for_pod(&format!("pod-{name}"), &format!("00000000-0000-4000-8000-00000000000{}", name.len())),
     )
-}
-
-async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + WAIT;
-    while !f() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]

@@ -515,6 +515,15 @@ pub async fn unprepare_ok(client: &mut V1Client<Channel>, claim: &ClaimRef) {
     assert_eq!(answer.get(&claim.uid).map(String::as_str), Some(""), "unprepare of {} failed", claim.name);
 }
 
+/// Waits (polling, at most [`WAIT`]) until `f` holds; fails the test naming `what` if it never does.
+pub async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Log lines captured from the current thread (the test's current-thread runtime runs the
 /// agent's tasks there), for asserting what the agent reports.
 #[derive(Clone, Default)]
@@ -523,9 +532,15 @@ pub struct CapturedLogs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 impl CapturedLogs {
     /// Captures `edra` events at `warn` and above on this thread until the guard drops.
     pub fn start() -> (CapturedLogs, tracing::subscriber::DefaultGuard) {
+        Self::start_at("warn")
+    }
+
+    /// [`CapturedLogs::start`] from `level` up.
+    pub fn start_at(level: &str) -> (CapturedLogs, tracing::subscriber::DefaultGuard) {
         let logs = CapturedLogs::default();
+        let filter = format!("edra={level}");
         let subscriber =
-            tracing_subscriber::fmt().with_env_filter("edra=warn").with_ansi(false).with_writer(logs.clone()).finish();
+            tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_writer(logs.clone()).finish();
         let guard = tracing::subscriber::set_default(subscriber);
         (logs, guard)
     }
