@@ -8,7 +8,9 @@
 //! GPU settings or runs an MPS daemon records PrepareStarted first (durable, taking the
 //! devices), makes the changes, writes the spec and records PrepareCompleted. Then answer
 //! with the CDI IDs. A share of a GPU with `sharing.enforcement` set is such a claim: the
-//! GPU's first share changes the GPU for all its shares (`shared`).
+//! GPU's first share changes the GPU for all its shares (`shared`). A claim that changes
+//! nothing on a GPU may be prepared before the kubelet asks, as soon as its pod is bound
+//! ([`stage`]); the kubelet's call then answers from the state.
 //! Unprepare works from the store alone. Claims in one call run concurrently, each claim
 //! UID serialised by its own lock, which blocking work keeps until it ends even when the
 //! kubelet cancels the call. Recovery at start is in [`recover`].
