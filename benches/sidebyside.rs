@@ -12,7 +12,8 @@
 //! - `SBS_A` and `SBS_B`: `<label>,<dra socket>,<node>,<device class>` of each plugin;
 //! - `SBS_ROUNDS` (200): claims per plugin; `SBS_DELAY_MS` (20): how long after its pod is
 //!   bound a claim's prepare is sent (the kubelet calls after it has seen and admitted the
-//!   pod).
+//!   pod); `SBS_REPEATS` (1): repeated prepares timed per claim (more samples for their
+//!   tail; the kubelet repeats a prepare at every restart of a pod's containers).
 //!
 //! Each round creates, per plugin, one claim and one pod using it pinned to the plugin's
 //! node, waits until the scheduler allocated and reserved the claim and bound the pod, then
@@ -125,6 +126,7 @@ async fn main() {
     let base: Vec<String> = base.split_whitespace().map(str::to_string).collect();
     let rounds: usize = std::env::var("SBS_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let delay = Duration::from_millis(std::env::var("SBS_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(20));
+    let repeats: usize = std::env::var("SBS_REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
     let ns = "sidebyside";
     let _ = kubectl(&base, &["create", "namespace", ns], None);
     let mut plugins = [a, b];
@@ -151,12 +153,15 @@ async fn main() {
             let first = t.elapsed();
             let err = r.get_ref().claims.get(&uid).map(|c| c.error.clone()).unwrap_or_default();
             assert!(err.is_empty(), "{}: prepare of {name} failed: {err}", p.label);
-            let t = Instant::now();
-            client
-                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
-                .await
-                .expect("NodePrepareResources again");
-            let repeat = t.elapsed();
+            let mut repeat = Vec::with_capacity(repeats);
+            for _ in 0..repeats {
+                let t = Instant::now();
+                client
+                    .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
+                    .await
+                    .expect("NodePrepareResources again");
+                repeat.push(t.elapsed());
+            }
             let t = Instant::now();
             client
                 .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim] })
@@ -165,7 +170,7 @@ async fn main() {
             let release = t.elapsed();
             if round >= warmup {
                 p.first.push(first);
-                p.repeat.push(repeat);
+                p.repeat.extend(repeat);
                 p.release.push(release);
             }
             let _ = kubectl(
@@ -180,21 +185,15 @@ async fn main() {
         "## Side by side: {rounds} claims per plugin, alternating; prepare sent {} ms after the pod was bound\n",
         delay.as_millis()
     );
-    println!(
-        "| operation (ms) | {} p50 | {} p99 | {} p50 | {} p99 |",
-        plugins[0].label, plugins[0].label, plugins[1].label, plugins[1].label
-    );
-    println!("|---|---|---|---|---|");
+    let (a, b) = (&plugins[0].label, &plugins[1].label);
+    println!("| operation (ms) | {a} p50 | {a} p90 | {a} p99 | {b} p50 | {b} p90 | {b} p99 |");
+    println!("|---|---|---|---|---|---|---|");
     let rows: [Row; 3] =
         [("prepare, first time", |p| &p.first), ("prepare, repeated", |p| &p.repeat), ("unprepare", |p| &p.release)];
     for (what, f) in rows {
         let (x, y) = (f(&plugins[0]), f(&plugins[1]));
-        println!(
-            "| {what} | {:.3} | {:.3} | {:.3} | {:.3} |",
-            percentile(x, 50.0),
-            percentile(x, 99.0),
-            percentile(y, 50.0),
-            percentile(y, 99.0)
-        );
+        let cells: Vec<String> =
+            [x, y].iter().flat_map(|v| [50.0, 90.0, 99.0].map(|q| format!("{:.3}", percentile(v, q)))).collect();
+        println!("| {what} ({} samples each) | {} |", x.len().min(y.len()), cells.join(" | "));
     }
 }
