@@ -506,6 +506,14 @@ pub enum PrepareError {
         /// Why it could not be created again.
         reason: String,
     },
+    /// A device is held by other claims, and the API server did not say they are gone.
+    #[error("{conflict}; {checked}")]
+    HeldBy {
+        /// What the state refused: names the device and its holder.
+        conflict: StateError,
+        /// What the API server answered about each holder in the way.
+        checked: String,
+    },
     /// A blocking task failed.
     #[error("internal task failed: {0}")]
     Task(String),
@@ -540,6 +548,8 @@ struct Inner {
     backend: Option<Arc<dyn DeviceBackend>>,
     /// The MIG instances recorded (for the publisher, which tells them from foreign ones).
     owned_mig: watch::Sender<Arc<crate::mig::OwnedInstances>>,
+    /// Whether edra reads claims as this node, once the API server said ([`stale`]).
+    node_identity: std::sync::OnceLock<bool>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, PrepareError> {
@@ -622,6 +632,7 @@ impl Preparer {
             shared_gpus: watch::Sender::new(Arc::default()),
             backend,
             owned_mig: watch::Sender::new(Arc::default()),
+            node_identity: std::sync::OnceLock::new(),
         };
         let preparer = Self { inner: Arc::new(inner) };
         preparer.refresh_shared_gpus();
@@ -811,14 +822,7 @@ impl Preparer {
             created_at: now_secs(),
             boot_id: self.inner.boot_id.clone(),
         };
-        let gpu_locks = self.lock_shared_gpus(&record.devices).await;
-        let this = self.clone();
-        let held = guard.clone();
-        let done = blocking(move || {
-            let _held = (held, gpu_locks);
-            this.apply(record, &gpus, mps_plan.as_ref())
-        })
-        .await??;
+        let done = self.apply_checking_holders(record, gpus, mps_plan, &guard, deadline).await?;
         self.inner.claims.prepared(&claim);
         tracing::info!(claim.uid = %done.uid, devices = done.devices.len(), "claim prepared");
         Ok(answer(&done))
@@ -1015,6 +1019,12 @@ impl Preparer {
         // The shared GPUs this release may put back: the claim's, or for a claim already
         // gone every GPU still time-sliced for shares (a put-back that failed).
         let gpu_locks = match self.inner.store.claim(&claim.uid)? {
+            // Only its spec (an unlink on tmpfs) and its record (removed lazily, in sled's
+            // memory) to remove: done here in microseconds, one thread hop less.
+            Some(rec) if self.releases_inline(&rec)? => {
+                let _held = guard;
+                return self.release(&claim.uid);
+            }
             Some(rec) => self.lock_shared_gpus(&rec.devices).await,
             None => {
                 let holders = self.inner.store.gpu_changes()?.into_iter().map(|c| c.claim);
@@ -1056,7 +1066,11 @@ impl Preparer {
         self.stop_mps(uid)?;
         self.restore_gpus(uid)?;
         self.destroy_migs(&rec, adopt_intents)?;
-        store.remove_claim(uid)?;
+        if self.releases_lazily(&rec)? {
+            store.remove_claim_lazily(uid)?;
+        } else {
+            store.remove_claim(uid)?;
+        }
         failpoint::hit("unprepare-after-record-remove");
         if rec.migs().next().is_some() {
             self.refresh_owned_mig();
@@ -1067,6 +1081,44 @@ impl Preparer {
         }
         tracing::info!(claim.uid = uid, phase = ?rec.phase, "claim unprepared");
         Ok(())
+    }
+}
+
+impl Preparer {
+    /// Whether the removal of `rec` may be lazy ([`Store::remove_claim_lazily`]): its
+    /// prepare was one durable step, as [`Preparer::apply`] decides it — no share of a GPU
+    /// whose shares edra sets up (`sharing.enforcement`, now or when it was prepared);
+    /// the store itself keeps the removal durable for a claim with GPU changes, an MPS
+    /// daemon or MIG instances of its own.
+    fn releases_lazily(&self, rec: &ClaimRecord) -> Result<bool, StateError> {
+        if self.changes_shared_gpus(rec) {
+            return Ok(false);
+        }
+        let holders: Vec<String> = rec.shares().map(|(_, s)| shared_holder(&s.gpu)).collect();
+        if holders.is_empty() {
+            return Ok(true);
+        }
+        let store = &self.inner.store;
+        let changed = store.gpu_changes()?.into_iter().any(|c| holders.contains(&c.claim));
+        if changed {
+            return Ok(false);
+        }
+        for h in &holders {
+            if store.mps_daemon(h)?.is_some() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether releasing `rec` is only removing its spec and its record lazily: no share,
+    /// no MIG instance, no GPU change and no MPS daemon of its own, so nothing that blocks.
+    fn releases_inline(&self, rec: &ClaimRecord) -> Result<bool, StateError> {
+        let store = &self.inner.store;
+        Ok(rec.shares().next().is_none()
+            && rec.migs().next().is_none()
+            && store.mps_daemon(&rec.uid)?.is_none()
+            && !store.gpu_changes()?.iter().any(|c| c.claim == rec.uid))
     }
 }
 

@@ -189,7 +189,8 @@ pub(super) fn open_when_unlocked(dir: &Path) -> Store {
     }
 }
 
-/// A claim allocated with `results` = (request, driver, pool, device, admin access).
+/// A claim allocated with `results` = (request, driver, pool, device, admin access) and
+/// reserved for a pod, as the kubelet sees a claim it prepares.
 pub(super) fn claim(
     uid: &str,
     name: &str,
@@ -208,7 +209,10 @@ pub(super) fn claim(
             {"name": "gpu", "exactly": {"deviceClassName": "gpu.edra.dev"}},
             {"name": "alt", "firstAvailable": [{"name": "one", "deviceClassName": "gpu.edra.dev"}]}
         ]}},
-        "status": {"allocation": {"devices": {"results": results, "config": config}}}
+        "status": {
+            "allocation": {"devices": {"results": results, "config": config}},
+            "reservedFor": [{"resource": "pods", "name": format!("{name}-pod"), "uid": format!("pod-{uid}")}]
+        }
     }))
     .unwrap()
 }
