@@ -9,7 +9,11 @@
 //! devices), makes the changes, writes the spec and records PrepareCompleted. Then answer
 //! with the CDI IDs. A share of a GPU with `sharing.enforcement` set is such a claim: the
 //! GPU's first share changes the GPU for all its shares (`shared`).
-//! Unprepare works from the store alone. Claims in one call run concurrently, each claim
+//! Unprepare works from the store alone; the release of a claim that changed nothing on a
+//! GPU is not waited for on disk (it runs on the call's thread, and sled writes it within
+//! about 0.5 s), so a crash may bring its record back: when such a record (or one of a
+//! claim deleted while the node was down) stands in the way of a prepare, the claim is
+//! checked against the API server and released if gone ([`stale`]). Claims in one call run concurrently, each claim
 //! UID serialised by its own lock, which blocking work keeps until it ends even when the
 //! kubelet cancels the call. Recovery at start is in [`recover`].
 

@@ -11,6 +11,13 @@
 //! (so a kubelet call in flight goes first), and the release is logged with the reason. Any
 //! other answer (the server unreachable, throttled, a refusal to other credentials) keeps
 //! the claim, and the next check backs off.
+//!
+//! A prepare does not wait for the loop: when the state refuses its devices because other
+//! claims' records hold them (a release lost to a crash, a claim deleted while the node was
+//! down), each of those claims is read and judged the same way at once, under its lock
+//! (waited for at most [`HOLDER_LOCK_WAIT`]), released if gone, and the prepare applied
+//! once more; otherwise its error names them and what the server answered. Whether edra
+//! reads claims as this node is asked once at start and shared with prepare.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -241,10 +248,9 @@ impl Preparer {
                     );
                     freed = true;
                 }
-                Verdict::Holds => kept.push(format!(
-                    "the API server says claim {name} is still allocated and reserved for a pod; delete that pod \
-                     first, or check that the published slices match the GPUs (edra doctor)"
-                )),
+                Verdict::Holds => {
+                    kept.push(format!("the API server says claim {name} is still allocated and reserved for a pod"))
+                }
                 Verdict::Unknown(e) => kept.push(format!(
                     "whether claim {name} is gone is unknown ({e}); it is kept until the API server says so, and \
                      the kubelet retries"

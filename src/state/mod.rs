@@ -10,8 +10,10 @@
 //! the call returns: sled 0.34's `flush()` only issues `sync_file_range` on Linux (its
 //! issue #1452), which persists neither metadata nor the disk cache, so each commit is
 //! followed by `fsync` of the database's log file (`db`) and its `conf`; the directory
-//! itself is synced after the files are created. Nothing outside this module knows the
-//! store is sled.
+//! itself is synced after the files are created. The one exception is
+//! [`Store::remove_claim_lazily`], the release of a claim without hardware side effects:
+//! it is answered from memory, and sled's background flusher ([`FLUSH_EVERY_MS`]) or the
+//! next durable change writes it. Nothing outside this module knows the store is sled.
 //!
 //! **A failed durability step poisons the store.** When a change cannot be made durable
 //! (a full disk, an I/O error), sled's memory may hold what the disk does not, so from then
@@ -23,7 +25,7 @@
 
 pub mod record;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::fs::{DirBuilder, File};
 use std::io;
