@@ -13,9 +13,10 @@
 //! GPU is not waited for on disk (it runs on the call's thread, and sled writes it within
 //! about 0.5 s), so a crash may bring its record back: when such a record (or one of a
 //! claim deleted while the node was down) stands in the way of a prepare, the claim is
-//! checked against the API server and released if gone ([`stale`]). Claims in one call run concurrently, each claim
-//! UID serialised by its own lock, which blocking work keeps until it ends even when the
-//! kubelet cancels the call. Recovery at start is in [`recover`].
+//! checked against the API server and released if gone ([`stale`]). Claims in one call
+//! run concurrently, each claim UID serialised by its own lock, which blocking work keeps
+//! until it ends even when the kubelet cancels the call. Recovery at start is in
+//! [`recover`].
 
 mod api_claims;
 pub mod cdi;
