@@ -167,6 +167,7 @@ pub async fn run_signalling(
         None => cluster.clone(),
     };
     let preparer = open_and_recover(&config, inventory_rx.clone(), claims, backend.clone()).await?;
+    let store = preparer.store().clone();
     let store_health = preparer.store().health();
     let held_shares = preparer.shared_gpus();
     let owned_mig = preparer.owned_mig();
@@ -261,6 +262,12 @@ pub async fn run_signalling(
     let tasks = [publishing, rediscovering, readiness, healing, supervising, releasing, listing_health, monitor.task];
     for task in tasks.into_iter().chain(watchdog).chain(serving_metrics).chain(prefetching) {
         let _ = task.await;
+    }
+    // Releases recorded lazily reach the disk now rather than with sled's next flush.
+    match tokio::task::spawn_blocking(move || store.sync()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %error_chain(&e), "cannot make edra's state durable at shutdown"),
+        Err(e) => warn!(error = %e, "cannot make edra's state durable at shutdown"),
     }
     if aborted > 0 {
         // The kubelet retries them; the exit status tells systemd the stop was not clean.

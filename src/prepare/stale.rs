@@ -11,20 +11,27 @@
 //! (so a kubelet call in flight goes first), and the release is logged with the reason. Any
 //! other answer (the server unreachable, throttled, a refusal to other credentials) keeps
 //! the claim, and the next check backs off.
+//!
+//! A prepare does not wait for the loop: when the state refuses its devices because other
+//! claims' records hold them (a release lost to a crash, a claim deleted while the node was
+//! down), each of those claims is read and judged the same way at once, under its lock
+//! (waited for at most [`HOLDER_LOCK_WAIT`]), released if gone, and the prepare applied
+//! once more; otherwise its error names them and what the server answered. Whether edra
+//! reads claims as this node is asked once at start and shared with prepare.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use tokio::sync::watch;
+use tokio::sync::{OwnedMutexGuard, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::Preparer;
+use super::{PrepareError, Preparer};
 use crate::kube::{Cluster, backoff::Backoff};
 use crate::plugin::ClaimRef;
-use crate::state::{ClaimRecord, Phase};
+use crate::state::{ClaimRecord, Phase, StateError};
 use crate::util::until_stopped;
 
 /// How often and how patiently claims are checked (`[claims]`).
@@ -56,18 +63,39 @@ pub enum Verdict {
 /// Judges `record` by the answer to a GET of its claim; `node_identity` when edra reads
 /// claims as this node (`system:node:<name>`), so a refusal means no pod of this node uses it.
 pub fn judge(record: &ClaimRecord, answer: Result<ResourceClaim, crate::kube::Error>, node_identity: bool) -> Verdict {
-    let claim = match answer {
-        Ok(claim) => claim,
-        Err(e) if e.is_not_found() => return Verdict::Gone("the ResourceClaim no longer exists".into()),
-        Err(e) if e.is_forbidden() && node_identity => {
-            return Verdict::Gone(
-                "no pod bound to this node uses the ResourceClaim any more (the node authorizer refuses to let the \
-                 node read it)"
-                    .into(),
-            );
+    match answer {
+        Ok(claim) => judge_claim(record, &claim),
+        Err(e) if e.is_not_found() => Verdict::Gone(NOT_FOUND.into()),
+        Err(e) if e.is_forbidden() && node_identity => Verdict::Gone(REFUSED_TO_NODE.into()),
+        Err(e) => Verdict::Unknown(crate::util::error_chain(&e)),
+    }
+}
+
+/// [`judge`] for an answer from the preparer's [`super::ClaimSource`].
+pub fn judge_fetched(
+    record: &ClaimRecord,
+    answer: Result<ResourceClaim, super::ClaimFetchError>,
+    node_identity: bool,
+) -> Verdict {
+    match answer {
+        Ok(claim) => judge_claim(record, &claim),
+        Err(super::ClaimFetchError::NotFound { .. }) => Verdict::Gone(NOT_FOUND.into()),
+        Err(super::ClaimFetchError::Api { source, .. })
+            if node_identity
+                && source.downcast_ref::<crate::kube::Error>().is_some_and(crate::kube::Error::is_forbidden) =>
+        {
+            Verdict::Gone(REFUSED_TO_NODE.into())
         }
-        Err(e) => return Verdict::Unknown(crate::util::error_chain(&e)),
-    };
+        Err(e) => Verdict::Unknown(crate::util::error_chain(&e)),
+    }
+}
+
+const NOT_FOUND: &str = "the ResourceClaim no longer exists";
+const REFUSED_TO_NODE: &str =
+    "no pod bound to this node uses the ResourceClaim any more (the node authorizer refuses to let the node read it)";
+
+/// Judges `record` by its claim as the API server sent it.
+fn judge_claim(record: &ClaimRecord, claim: &ResourceClaim) -> Verdict {
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     if uid != record.uid {
         return Verdict::Gone(format!("the ResourceClaim was deleted and created again (its UID is now {uid})"));
@@ -106,6 +134,134 @@ impl Preparer {
     }
 }
 
+/// How long prepare waits for the lock of a claim in its way before giving up on it (a
+/// prepare or unprepare of that claim is running; two claims each in the other's way do
+/// not wait for each other forever).
+pub const HOLDER_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+impl Preparer {
+    /// Remembers whether edra reads claims as this node (a refusal then means gone).
+    pub fn learn_node_identity(&self, node_identity: bool) {
+        let _ = self.inner.node_identity.set(node_identity);
+    }
+
+    /// [`Preparer::apply`] on the blocking pool with the claim's shared GPUs locked; when
+    /// the state refuses the claim's devices because other claims hold them, those claims
+    /// are checked against the API server ([`Preparer::release_gone_holders`]) and, if one
+    /// was released, the claim is applied once more.
+    pub(super) async fn apply_checking_holders(
+        &self,
+        planned: super::Planned,
+        guard: &Arc<OwnedMutexGuard<()>>,
+        deadline: Instant,
+    ) -> Result<ClaimRecord, PrepareError> {
+        let record = planned.record.clone();
+        let mut checked = false;
+        loop {
+            let gpu_locks = self.lock_shared_gpus(&record.devices).await;
+            let (this, held, planned) = (self.clone(), guard.clone(), planned.clone());
+            let applied = super::blocking(move || {
+                let _held = (held, gpu_locks);
+                this.apply(planned)
+            })
+            .await?;
+            match applied {
+                Err(PrepareError::State(
+                    conflict @ (StateError::DeviceHeld { .. } | StateError::SharesExceed { .. }),
+                )) if !checked => {
+                    checked = true;
+                    self.release_gone_holders(&record, conflict, deadline).await?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The claims whose records stand in the way of `record`'s devices, as
+    /// [`crate::state::Store::put_claim`] checks them (exclusive holders and shares).
+    fn holders_in_the_way(&self, record: &ClaimRecord) -> Result<BTreeSet<String>, StateError> {
+        let store = &self.inner.store;
+        let mut out = BTreeSet::new();
+        let devices = record.held_devices().chain(record.shares().map(|(_, s)| s.gpu.as_str()));
+        for d in devices {
+            out.extend(store.holder(d)?);
+            out.extend(store.shares_of(d)?.into_iter().map(|h| h.claim));
+        }
+        out.remove(&record.uid);
+        Ok(out)
+    }
+
+    /// After `conflict` refused `record`: checks each claim in its way against the API
+    /// server by `deadline`, under that claim's lock (waiting at most [`HOLDER_LOCK_WAIT`]).
+    /// A claim judged gone — a record that came back after a crash lost its lazy removal,
+    /// or a claim deleted while the node was down — is released as an unprepare would and
+    /// logged. Ok when one was released (or went meanwhile), so applying again may
+    /// succeed; otherwise the error names each holder and what the server answered.
+    async fn release_gone_holders(
+        &self,
+        record: &ClaimRecord,
+        conflict: StateError,
+        deadline: Instant,
+    ) -> Result<(), PrepareError> {
+        let mut freed = false;
+        let mut kept = Vec::new();
+        for uid in self.holders_in_the_way(record)? {
+            let Ok(guard) = tokio::time::timeout(HOLDER_LOCK_WAIT, self.inner.locks.lock(&uid)).await else {
+                kept.push(format!(
+                    "claim UID {uid} is being prepared or unprepared right now (its lock stayed taken for {}s); the \
+                     kubelet retries",
+                    HOLDER_LOCK_WAIT.as_secs()
+                ));
+                continue;
+            };
+            let holder = match self.inner.store.claim(&uid)? {
+                None => {
+                    freed = true;
+                    continue;
+                }
+                Some(h) => h,
+            };
+            let name = format!("{}/{} (UID {uid})", holder.namespace, holder.name);
+            if holder.phase != Phase::PrepareCompleted {
+                kept.push(format!("claim {name} is being prepared; the kubelet retries"));
+                continue;
+            }
+            let answer = self.inner.claims.get_claim(&holder.namespace, &holder.name, deadline).await;
+            let node_identity = self.inner.node_identity.get().copied().unwrap_or(false);
+            match judge_fetched(&holder, answer, node_identity) {
+                Verdict::Gone(reason) => {
+                    let claim = ClaimRef { namespace: holder.namespace.clone(), name: holder.name.clone(), uid };
+                    self.unprepare_locked(claim, guard).await?;
+                    warn!(
+                        claim.uid = %holder.uid,
+                        claim = %format!("{}/{}", holder.namespace, holder.name),
+                        for_claim = %record.uid,
+                        "released claim {}/{} (UID {}), prepared on this node but gone: {reason}; its devices are \
+                         free again for claim {}/{}",
+                        holder.namespace,
+                        holder.name,
+                        holder.uid,
+                        record.namespace,
+                        record.name
+                    );
+                    freed = true;
+                }
+                Verdict::Holds => {
+                    kept.push(format!("the API server says claim {name} is still allocated and reserved for a pod"))
+                }
+                Verdict::Unknown(e) => kept.push(format!(
+                    "whether claim {name} is gone is unknown ({e}); it is kept until the API server says so, and \
+                     the kubelet retries"
+                )),
+            }
+        }
+        if freed {
+            return Ok(());
+        }
+        Err(PrepareError::HeldBy { conflict, checked: kept.join("; ") })
+    }
+}
+
 /// Checks the prepared claims every `settings.check_interval` until `shutdown`, releasing
 /// those that stay gone for `settings.release_after`.
 pub async fn release_stale_claims(
@@ -116,7 +272,11 @@ pub async fn release_stale_claims(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Backoff::new(Duration::from_secs(10), settings.check_interval.max(Duration::from_secs(10)));
-    let mut node_identity: Option<bool> = None;
+    // Asked before the first check too, so prepare's check of a holder in its way
+    // ([`Preparer::release_gone_holders`]) knows what a refusal means from the start.
+    let Some(mut node_identity) = learn_node_identity(&preparer, &cluster, &node, &mut shutdown).await else {
+        return;
+    };
     // Claim UID → when it was first seen gone, and why.
     let mut suspects: HashMap<String, (Instant, String)> = HashMap::new();
     let mut delay = settings.check_interval;
@@ -125,14 +285,8 @@ pub async fn release_stale_claims(
             return;
         }
         if node_identity.is_none() {
-            // Whether a refusal means "no pod of this node uses it": only for node credentials.
-            match until_stopped(cluster.client().self_subject_review(), &mut shutdown).await {
-                None => return,
-                Some(Ok(who)) => node_identity = Some(who.node_name() == Some(node.as_str())),
-                Some(Err(e)) => {
-                    debug!(error = %crate::util::error_chain(&e), "cannot ask who edra is; refusals count as unknown")
-                }
-            }
+            let Some(learned) = learn_node_identity(&preparer, &cluster, &node, &mut shutdown).await else { return };
+            node_identity = learned;
         }
         let records = match preparer.store().claims() {
             Ok(r) => r,
@@ -216,6 +370,28 @@ pub async fn release_stale_claims(
         // A suspect is looked at again as soon as it may be released.
         if !suspects.is_empty() {
             delay = delay.min(settings.release_after.max(Duration::from_secs(1)));
+        }
+    }
+}
+
+/// Asks the API server who edra is: whether a refusal means "no pod of this node uses it"
+/// (only for node credentials), and tells `preparer`. `None` when stopped meanwhile;
+/// `Some(None)` when the question went unanswered (refusals then count as unknown).
+async fn learn_node_identity(
+    preparer: &Preparer,
+    cluster: &Cluster,
+    node: &str,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Option<bool>> {
+    match until_stopped(cluster.client().self_subject_review(), shutdown).await? {
+        Ok(who) => {
+            let node_identity = who.node_name() == Some(node);
+            preparer.learn_node_identity(node_identity);
+            Some(Some(node_identity))
+        }
+        Err(e) => {
+            debug!(error = %crate::util::error_chain(&e), "cannot ask who edra is; refusals count as unknown");
+            Some(None)
         }
     }
 }

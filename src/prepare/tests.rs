@@ -24,12 +24,19 @@ const UID3: &str = "9e8d7c6b-5a49-4837-a625-140312f0e1d2";
 pub(super) struct MemClaims {
     claims: Mutex<HashMap<String, ResourceClaim>>,
     pub fetches: AtomicUsize,
+    /// A missing claim is refused (403) as the node authorizer does, not "not found".
+    pub refuse_missing: std::sync::atomic::AtomicBool,
 }
 
 impl MemClaims {
     fn put(&self, claim: ResourceClaim) {
         let key = format!("{}/{}", claim.metadata.namespace.clone().unwrap(), claim.metadata.name.clone().unwrap());
         self.claims.lock().unwrap().insert(key, claim);
+    }
+
+    /// Deletes claim `namespace/name`.
+    pub fn delete(&self, namespace: &str, name: &str) {
+        self.claims.lock().unwrap().remove(&format!("{namespace}/{name}")).expect("the claim existed");
     }
 }
 
@@ -43,7 +50,17 @@ impl ClaimSource for MemClaims {
         self.fetches.fetch_add(1, Ordering::SeqCst);
         let got = self.claims.lock().unwrap().get(&format!("{namespace}/{name}")).cloned();
         let (namespace, name) = (namespace.to_string(), name.to_string());
-        Box::pin(async move { got.ok_or(ClaimFetchError::NotFound { namespace, name }) })
+        let refused = self.refuse_missing.load(Ordering::SeqCst);
+        Box::pin(async move {
+            match got {
+                Some(claim) => Ok(claim),
+                None if refused => {
+                    let source = crate::kube::Error::from_status("GET resourceclaims".into(), 403, b"{}", None);
+                    Err(ClaimFetchError::Api { namespace, name, source: Box::new(source) })
+                }
+                None => Err(ClaimFetchError::NotFound { namespace, name }),
+            }
+        })
     }
 }
 
@@ -161,11 +178,25 @@ impl Fixture {
 
     /// [`Fixture::restart`] with settings changed by `change`.
     pub fn restart_with(self, change: impl FnOnce(&mut PrepareSettings)) -> Fixture {
+        self.restart_opening(change, Store::open)
+    }
+
+    /// [`Fixture::restart`] with a store without sled's background flusher: what is not
+    /// made durable stays in memory only.
+    pub fn restart_without_flusher(self) -> Fixture {
+        self.restart_opening(|_| {}, Store::open_without_flusher)
+    }
+
+    fn restart_opening(
+        self,
+        change: impl FnOnce(&mut PrepareSettings),
+        open: fn(&Path) -> Result<Store, StateError>,
+    ) -> Fixture {
         let Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi, mps } = self;
         let mut settings = preparer.settings().clone();
         change(&mut settings);
         drop(preparer);
-        let store = open_when_unlocked(&root.join("state"));
+        let store = open_when_unlocked_with(&root.join("state"), open);
         let preparer = Preparer::new(store, inventory_tx.subscribe(), claims.clone(), settings, modes.clone());
         Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi, mps }
     }
@@ -178,9 +209,13 @@ impl Fixture {
 /// Opens the store in `dir`, waiting (bounded) for the lock of a just-closed one to clear:
 /// a child another test thread is spawning holds the descriptors until its exec.
 pub(super) fn open_when_unlocked(dir: &Path) -> Store {
+    open_when_unlocked_with(dir, Store::open)
+}
+
+fn open_when_unlocked_with(dir: &Path, open: fn(&Path) -> Result<Store, StateError>) -> Store {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        match Store::open(dir) {
+        match open(dir) {
             Err(e) if crate::state::lock_busy(&e) && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
@@ -189,7 +224,8 @@ pub(super) fn open_when_unlocked(dir: &Path) -> Store {
     }
 }
 
-/// A claim allocated with `results` = (request, driver, pool, device, admin access).
+/// A claim allocated with `results` = (request, driver, pool, device, admin access) and
+/// reserved for a pod, as the kubelet sees a claim it prepares.
 pub(super) fn claim(
     uid: &str,
     name: &str,
@@ -208,7 +244,10 @@ pub(super) fn claim(
             {"name": "gpu", "exactly": {"deviceClassName": "gpu.edra.dev"}},
             {"name": "alt", "firstAvailable": [{"name": "one", "deviceClassName": "gpu.edra.dev"}]}
         ]}},
-        "status": {"allocation": {"devices": {"results": results, "config": config}}}
+        "status": {
+            "allocation": {"devices": {"results": results, "config": config}},
+            "reservedFor": [{"resource": "pods", "name": format!("{name}-pod"), "uid": format!("pod-{uid}")}]
+        }
     }))
     .unwrap()
 }
@@ -404,6 +443,8 @@ async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
 
 #[path = "tests_cancel.rs"]
 mod cancel;
+#[path = "tests_lazy.rs"]
+mod lazy;
 #[path = "tests_mig.rs"]
 mod mig;
 #[path = "tests_mps.rs"]

@@ -10,8 +10,10 @@
 //! the call returns: sled 0.34's `flush()` only issues `sync_file_range` on Linux (its
 //! issue #1452), which persists neither metadata nor the disk cache, so each commit is
 //! followed by `fsync` of the database's log file (`db`) and its `conf`; the directory
-//! itself is synced after the files are created. Nothing outside this module knows the
-//! store is sled.
+//! itself is synced after the files are created. The one exception is
+//! [`Store::remove_claim_lazily`], the release of a claim without hardware side effects:
+//! it is answered from memory, and sled's background flusher ([`FLUSH_EVERY_MS`]) or the
+//! next durable change writes it. Nothing outside this module knows the store is sled.
 //!
 //! **A failed durability step poisons the store.** When a change cannot be made durable
 //! (a full disk, an I/O error), sled's memory may hold what the disk does not, so from then
@@ -23,7 +25,7 @@
 
 pub mod record;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::fs::{DirBuilder, File};
 use std::io;
@@ -47,6 +49,10 @@ const META_SCHEMA: &[u8] = b"schema";
 /// in 8 MiB, and the bound keeps a long-lived agent's memory from following sled's
 /// history of pages.
 pub const CACHE_CAPACITY: u64 = 8 * 1024 * 1024;
+/// The period of sled's background flusher (sled's default, named here because lazy
+/// changes rely on it): every 500 ms it writes what is in sled's log buffer and fsyncs the
+/// log file.
+pub const FLUSH_EVERY_MS: u64 = 500;
 const META_BOOT_ID: &[u8] = b"boot_id";
 const META_ID: &[u8] = b"id";
 /// When the store was last re-opened after being poisoned (the write that proves the disk).
@@ -208,6 +214,8 @@ pub struct Store {
 
 struct Inner {
     dir: PathBuf,
+    /// The period of sled's background flusher, in milliseconds.
+    flush_every: Option<u64>,
     /// The open database; `None` only while [`Store::reopen`] swaps it.
     db: RwLock<Option<Db>>,
     /// `Some(why)` from the first failed durability step until a successful re-open.
@@ -303,11 +311,17 @@ fn new_id() -> String {
 
 impl Db {
     /// Opens the database in `dir` (which exists), checking its schema and giving it an
-    /// identity when it has none; nothing is made durable yet.
-    fn open(dir: &Path) -> Result<Db, StateError> {
+    /// identity when it has none; nothing is made durable yet. `flush_every` is the period
+    /// of sled's background flusher (`None`: no flusher; tests only).
+    fn open(dir: &Path, flush_every: Option<u64>) -> Result<Db, StateError> {
         let open_err =
             |source: sled::Error| StateError::Open { dir: dir.to_path_buf(), hint: open_hint(&source), source };
-        let db = sled::Config::new().path(dir).cache_capacity(CACHE_CAPACITY).open().map_err(open_err)?;
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(CACHE_CAPACITY)
+            .flush_every_ms(flush_every)
+            .open()
+            .map_err(open_err)?;
         let tree = |name: &str| db.open_tree(name).map_err(open_err);
         let log = File::open(dir.join("db")).map_err(|source| StateError::Sync { dir: dir.to_path_buf(), source })?;
         let (claims, devices, meta) = (tree("claims")?, tree("devices")?, tree("meta")?);
@@ -357,6 +371,11 @@ impl Db {
     /// it covered returns without flushing again, so concurrent changes (a burst of pods
     /// starting) share their fsyncs. A flush covers every change whose caller counted
     /// itself in `written` before the flush began, since its change was made before that.
+    ///
+    /// A lazy change ([`Store::remove_claim_lazily`]) counts itself nowhere: no caller waits
+    /// for it, so it can make no caller skip a flush, and sled's log being one sequence,
+    /// any flush that starts after the change was made (the next durable caller's, or sled's
+    /// background flusher's) writes it too.
     fn make_durable(&self) -> io::Result<()> {
         let mine = self.written.fetch_add(1, Ordering::SeqCst).saturating_add(1);
         let mut synced = self.synced.lock().unwrap_or_else(PoisonError::into_inner);
@@ -392,10 +411,21 @@ impl From<StateError> for Failure {
 impl Store {
     /// Opens (creating when absent, mode 0700) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Store, StateError> {
+        Self::open_flushing(dir, Some(FLUSH_EVERY_MS))
+    }
+
+    /// [`Store::open`] without sled's background flusher: a lazy change then reaches the
+    /// disk only with the next durable one (tests only, to see exactly that).
+    #[cfg(test)]
+    pub(crate) fn open_without_flusher(dir: &Path) -> Result<Store, StateError> {
+        Self::open_flushing(dir, None)
+    }
+
+    fn open_flushing(dir: &Path, flush_every: Option<u64>) -> Result<Store, StateError> {
         let create_err = |source| StateError::CreateDir { dir: dir.to_path_buf(), source };
         DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(create_err)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(create_err)?;
-        let db = open_when_released(dir)?;
+        let db = open_when_released(dir, flush_every)?;
         let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
         db.make_durable().map_err(sync_err)?;
         sync_path(&dir.join("conf")).map_err(sync_err)?;
@@ -404,6 +434,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
+                flush_every,
                 db: RwLock::new(Some(db)),
                 health,
                 #[cfg(test)]
@@ -543,7 +574,7 @@ impl Store {
         // The old handles go first: sled holds a lock on its files while open.
         drop(guard.take());
         let dir = &self.inner.dir;
-        let db = open_when_released(dir)?;
+        let db = open_when_released(dir, self.inner.flush_every)?;
         let sync_err = |source| StateError::Sync { dir: dir.to_path_buf(), source };
         db.meta.insert(META_REOPENED, now_bytes().as_slice()).map_err(|e| sync_err(sled_io(e)))?;
         self.durable(&db).map_err(|(Failure::Plain(e) | Failure::Poison(e))| e)?;
@@ -761,6 +792,22 @@ impl Store {
     /// MPS daemon record (the caller restored those GPUs and stopped the daemon first),
     /// durably; returns the removed record.
     pub fn remove_claim(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
+        self.remove_claim_with(uid, true)
+    }
+
+    /// [`Store::remove_claim`] without waiting for the removal to be durable, for a claim
+    /// whose prepare changed nothing outside the store and its CDI spec: sled's background
+    /// flusher writes and fsyncs it within [`FLUSH_EVERY_MS`], and the next durable change
+    /// covers it too. A power cut or kill -9 before that brings the record back, holding
+    /// its devices; prepare then checks such a holder against the API server. When the
+    /// transaction drops a GPU change or MPS daemon record, or the record has MIG devices,
+    /// the removal is made durable all the same: a record of those coming back would have
+    /// recovery set up again what was just undone.
+    pub fn remove_claim_lazily(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
+        self.remove_claim_with(uid, false)
+    }
+
+    fn remove_claim_with(&self, uid: &str, durable: bool) -> Result<Option<ClaimRecord>, StateError> {
         let key = uid.as_bytes();
         let changes: Vec<String> = self.gpu_changes()?.into_iter().filter(|c| c.claim == uid).map(|c| c.uuid).collect();
         self.with_db(|db| {
@@ -789,11 +836,19 @@ impl Store {
                 Ok((Some(old), daemon))
             });
             let (removed, daemon) = tx_result(result, "remove a claim")?;
-            if removed.is_some() || daemon || !changes.is_empty() {
+            let side_effects =
+                daemon || !changes.is_empty() || removed.as_ref().is_some_and(|r| r.migs().next().is_some());
+            let durable = durable || side_effects;
+            if durable && (removed.is_some() || side_effects) {
                 self.durable(db)?;
             }
             Ok(removed)
         })
+    }
+
+    /// Makes every change made so far durable, lazy ones included (at shutdown).
+    pub fn sync(&self) -> Result<(), StateError> {
+        self.with_db(|db| self.durable(db))
     }
 
     /// The MPS daemon record of claim `uid`, if any.
@@ -990,10 +1045,10 @@ pub(crate) fn lock_busy(e: &StateError) -> bool {
 /// Opens the database in `dir`, waiting up to [`REOPEN_LOCK_WAIT`] for the lock on its files
 /// to be released: right after the old handles are dropped, sled's own threads (or a child
 /// being spawned by another thread, until it execs) can hold it a moment longer.
-fn open_when_released(dir: &Path) -> Result<Db, StateError> {
+fn open_when_released(dir: &Path, flush_every: Option<u64>) -> Result<Db, StateError> {
     let deadline = std::time::Instant::now() + REOPEN_LOCK_WAIT;
     loop {
-        match Db::open(dir) {
+        match Db::open(dir, flush_every) {
             Err(e) if lock_busy(&e) && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }

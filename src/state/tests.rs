@@ -374,3 +374,96 @@ fn concurrent_changes_share_one_flush_and_all_of_them_are_kept() {
     let s = Store::open(tmp.path()).unwrap();
     assert_eq!(s.claims().unwrap().len(), 9, "every change is on disk");
 }
+
+/// What a kill -9 would leave of the store in `dir` now: a copy of its files as they are,
+/// opened as a store (without what sled holds in memory only).
+pub(crate) fn as_on_disk(dir: &Path) -> (tempfile::TempDir, Store) {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    copy(dir, &tmp.path().join("state"));
+    let store = Store::open(&tmp.path().join("state")).unwrap();
+    (tmp, store)
+}
+
+fn completed(uid: &str, device_name: &str) -> ClaimRecord {
+    ClaimRecord { phase: Phase::PrepareCompleted, ..record(uid, vec![device(device_name, false)]) }
+}
+
+#[test]
+fn a_lazy_removal_waits_for_no_flush_and_reaches_the_disk_with_the_next_durable_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    let s = Store::open_without_flusher(&dir).unwrap();
+    s.put_claim(&completed("u1", "gpu-0")).unwrap();
+    let (flushes, asked) = (s.flushes(), s.durable_requests());
+    assert_eq!(s.remove_claim_lazily("u1").unwrap().map(|r| r.uid).as_deref(), Some("u1"));
+    assert_eq!((s.flushes(), s.durable_requests()), (flushes, asked), "no flush made or asked for");
+    assert_eq!((s.claim("u1").unwrap(), s.holder("gpu-0").unwrap()), (None, None), "gone from memory at once");
+    let (_copy, crashed) = as_on_disk(&dir);
+    assert!(crashed.claim("u1").unwrap().is_some(), "not on disk yet: a kill -9 now brings the record back");
+    assert_eq!(crashed.holder("gpu-0").unwrap().as_deref(), Some("u1"));
+    drop(crashed);
+    // The next durable change flushes (the lazy one counted for nothing) and carries it.
+    s.put_claim(&completed("u2", "gpu-1")).unwrap();
+    assert_eq!(s.flushes(), flushes + 1);
+    let (_copy, crashed) = as_on_disk(&dir);
+    assert_eq!((crashed.claim("u1").unwrap(), crashed.holder("gpu-0").unwrap()), (None, None));
+    assert!(crashed.claim("u2").unwrap().is_some());
+}
+
+#[test]
+fn a_flush_that_starts_after_a_lazy_removal_carries_it_and_later_changes_still_flush() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    let s = Store::open_without_flusher(&dir).unwrap();
+    s.put_claim(&completed("u1", "gpu-0")).unwrap();
+    let (flushes, asked) = (s.flushes(), s.durable_requests());
+    // A durable change waits for the flush; meanwhile a claim is removed lazily.
+    let writer = s.holding_flushes(|| {
+        let w = s.clone();
+        let writer = std::thread::spawn(move || w.put_claim(&completed("u2", "gpu-1")));
+        let deadline = Instant::now() + std::time::Duration::from_secs(20);
+        while s.durable_requests() < asked + 1 {
+            assert!(Instant::now() < deadline, "the writer never asked for a flush");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        s.remove_claim_lazily("u1").unwrap();
+        writer
+    });
+    writer.join().expect("writer").expect("put_claim");
+    assert_eq!(s.flushes(), flushes + 1);
+    let (_copy, crashed) = as_on_disk(&dir);
+    assert_eq!(crashed.claim("u1").unwrap(), None, "the writer's flush began after the lazy removal");
+    drop(crashed);
+    // The lazy removal made no later durable change skip its own flush.
+    s.put_claim(&completed("u3", "gpu-2")).unwrap();
+    assert_eq!(s.flushes(), flushes + 2);
+    let (_copy, crashed) = as_on_disk(&dir);
+    assert!(crashed.claim("u3").unwrap().is_some());
+}
+
+#[test]
+fn a_lazy_removal_of_a_claim_with_gpu_changes_is_durable_all_the_same() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    let s = Store::open_without_flusher(&dir).unwrap();
+    s.put_claim(&completed("u1", "gpu-0")).unwrap();
+    s.put_gpu_change(&gpu_change("GPU-a", "u1", crate::gpu::ComputeMode::Default)).unwrap();
+    let flushes = s.flushes();
+    s.remove_claim_lazily("u1").unwrap();
+    assert_eq!(s.flushes(), flushes + 1);
+    let (_copy, crashed) = as_on_disk(&dir);
+    assert_eq!(crashed.claim("u1").unwrap(), None);
+    assert_eq!(crashed.gpu_changes().unwrap(), Vec::new(), "a change record coming back would be set up again");
+}

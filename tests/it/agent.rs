@@ -5,6 +5,7 @@
 
 mod crash;
 mod crash_mig;
+mod crash_release;
 mod diskfull;
 mod exits;
 mod health;

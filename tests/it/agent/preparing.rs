@@ -172,8 +172,8 @@ async fn bad_claims_get_errors_naming_the_problem_and_good_ones_succeed() {
 async fn a_device_is_prepared_for_one_claim_at_a_time() {
     let cluster = Cluster::start().await;
     let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
-    let first = cluster.allocated_claim("first", "gpu-1");
-    let second = cluster.allocated_claim("second", "gpu-1");
+    let first = cluster.reserved_claim("first", "gpu-1");
+    let second = cluster.reserved_claim("second", "gpu-1");
     let mut v1 = agent.v1().await;
     prepare_ok(&mut v1, &first).await;
     let answer = prepare(&mut v1, std::slice::from_ref(&second)).await.expect("NodePrepareResources");
@@ -186,8 +186,8 @@ async fn a_device_is_prepared_for_one_claim_at_a_time() {
     unprepare_ok(&mut v1, &second).await;
 
     // Two claims for one device in the same call: exactly one gets it.
-    let third = cluster.allocated_claim("third", "gpu-2");
-    let fourth = cluster.allocated_claim("fourth", "gpu-2");
+    let third = cluster.reserved_claim("third", "gpu-2");
+    let fourth = cluster.reserved_claim("fourth", "gpu-2");
     let answer = prepare(&mut v1, &[third.clone(), fourth.clone()]).await.expect("NodePrepareResources");
     let (winner, loser) = if answer[&third.uid].error.is_empty() { (&third, &fourth) } else { (&fourth, &third) };
     assert_eq!(answer[&winner.uid].error, "");

@@ -113,7 +113,8 @@ async fn shares_are_prepared_through_the_kubelet_socket_with_share_ids_and_accou
     let share = |name: &str, id: &str, memory: &str| {
         cluster.put_claim(
             ClaimBuilder::new("default", name)
-                .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-2").share(id, memory)),
+                .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-2").share(id, memory))
+                .reserved_for_pod(&format!("pod-{name}"), &format!("uid-of-pod-{name}")),
         )
     };
     let a = share("a", "6de5d941-c79d-4a8a-ba10-668351620525", "30Gi");
@@ -146,7 +147,8 @@ async fn shares_with_mps_enforcement_share_one_daemon_that_outlives_a_kill_of_ed
     let share = |name: &str, id: &str, memory: &str| {
         cluster.put_claim(
             ClaimBuilder::new("default", name)
-                .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-2").share(id, memory)),
+                .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-2").share(id, memory))
+                .reserved_for_pod(&format!("pod-{name}"), &format!("uid-of-pod-{name}")),
         )
     };
     let a = share("a", "6de5d941-c79d-4a8a-ba10-668351620525", "30Gi");

@@ -104,6 +104,17 @@ impl Cluster {
         self.put_claim(ClaimBuilder::new("default", name).allocated(AllocatedDevice::new("gpu", DRIVER, NODE, device)))
     }
 
+    /// [`Cluster::allocated_claim`] reserved for a pod, as a claim in use is: edra checks
+    /// a claim in the way of another against the API server, and one reserved for no pod
+    /// is gone.
+    pub fn reserved_claim(&self, name: &str, device: &str) -> ClaimRef {
+        self.put_claim(
+            ClaimBuilder::new("default", name)
+                .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, device))
+                .reserved_for_pod(&format!("pod-{name}"), &format!("uid-of-pod-{name}")),
+        )
+    }
+
     /// Stores the claim built by `builder` on node n1 and returns its reference.
     pub fn put_claim(&self, builder: ClaimBuilder) -> ClaimRef {
         let stored = self.server.put_claim(builder.on_node(NODE).build());

@@ -1,0 +1,138 @@
+//! Lazy releases: a claim without hardware side effects is unprepared without waiting for
+//! the disk, and a record that a crash brought back (or a claim deleted while the node was
+//! down) does not refuse a later claim of its devices once the API server says it is gone.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::state::tests::as_on_disk;
+
+fn spec_path(f: &Fixture, uid: &str) -> PathBuf {
+    f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{uid}.json"))
+}
+
+/// The text of every event logged on this thread while the guard lives.
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || Sink(writer.clone()))
+            .finish();
+        (Logs(buffer), tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn an_unprepare_waits_for_no_flush_and_the_next_prepare_makes_it_durable() {
+    let f = Fixture::new().restart_without_flusher();
+    let state = f.root.join("state");
+    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-1", false)], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    let flushes = f.preparer.store().flushes();
+    assert_eq!(f.preparer.unprepare(vec![cref(UID1, "c1")]).await[UID1], Ok(()));
+    assert_eq!(f.preparer.store().flushes(), flushes, "the release waited for no flush");
+    assert!(!spec_path(&f, UID1).exists());
+    assert!(f.preparer.store().claim(UID1).unwrap().is_none());
+    let (_copy, crashed) = as_on_disk(&state);
+    assert!(crashed.claim(UID1).unwrap().is_some(), "a kill -9 now would bring the record back");
+    drop(crashed);
+    // The next durable change carries the release to the disk.
+    ok(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
+    let (_copy, crashed) = as_on_disk(&state);
+    assert_eq!((crashed.claim(UID1).unwrap(), crashed.holder("gpu-0").unwrap()), (None, None));
+    assert!(crashed.claim(UID2).unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_time_sliced_claim_is_still_released_durably() {
+    let f = Fixture::new().restart_without_flusher();
+    let config = json!([{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters":
+        {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig",
+         "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}}}}}]);
+    f.claims.put(claim(UID1, "ts", &[("gpu", DRIVER, NODE, "gpu-0", false)], config));
+    ok(&f.preparer.prepare(vec![cref(UID1, "ts")]).await, UID1);
+    let flushes = f.preparer.store().flushes();
+    assert_eq!(f.preparer.unprepare(vec![cref(UID1, "ts")]).await[UID1], Ok(()));
+    assert!(f.preparer.store().flushes() > flushes);
+    let (_copy, crashed) = as_on_disk(&f.root.join("state"));
+    assert_eq!(crashed.claim(UID1).unwrap(), None, "recovery would set the GPU up again for it");
+    assert_eq!(crashed.gpu_changes().unwrap(), Vec::new());
+}
+
+#[tokio::test]
+async fn a_holder_gone_from_the_api_server_is_released_for_the_claim_that_needs_its_device() {
+    let (logs, _guard) = Logs::capture();
+    let f = Fixture::new();
+    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    // Deleted while its record stays: an unprepare lost to a crash, or a node that was down.
+    f.claims.delete("ns", "c1");
+    f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
+    assert!(f.preparer.store().claim(UID1).unwrap().is_none());
+    assert!(!spec_path(&f, UID1).exists());
+    assert_eq!(f.preparer.store().holder("gpu-0").unwrap().as_deref(), Some(UID2));
+    let text = logs.text();
+    let said = format!(
+        "released claim ns/c1 (UID {UID1}), prepared on this node but gone: the ResourceClaim no longer exists; \
+         its devices are free again for claim ns/c2"
+    );
+    assert!(text.contains(&said) && text.contains("WARN"), "{text}");
+}
+
+#[tokio::test]
+async fn a_holder_still_reserved_refuses_the_claim_and_is_named() {
+    let f = Fixture::new();
+    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    let e = err(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
+    assert!(e.contains(&format!("device gpu-0 is already prepared for claim ns/c1, UID {UID1}")), "{e}");
+    assert!(
+        e.contains(&format!("the API server says claim ns/c1 (UID {UID1}) is still allocated and reserved for a pod")),
+        "{e}"
+    );
+    assert_eq!(f.preparer.store().holder("gpu-0").unwrap().as_deref(), Some(UID1));
+    assert!(spec_path(&f, UID1).exists() && !spec_path(&f, UID2).exists());
+}
+
+#[tokio::test]
+async fn a_refusal_means_gone_only_to_a_node_identity() {
+    let f = Fixture::new();
+    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    f.claims.delete("ns", "c1");
+    f.claims.refuse_missing.store(true, Ordering::SeqCst);
+    // Who edra is was not learned yet: a refusal says nothing.
+    let e = err(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
+    assert!(e.contains(&format!("whether claim ns/c1 (UID {UID1}) is gone is unknown")), "{e}");
+    assert!(f.preparer.store().claim(UID1).unwrap().is_some());
+    // As this node, a refusal means no pod of the node uses the claim.
+    f.preparer.learn_node_identity(true);
+    ok(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
+    assert!(f.preparer.store().claim(UID1).unwrap().is_none());
+}
