@@ -320,10 +320,13 @@ pub fn write_spec(path: &Path, spec: &Spec) -> io::Result<()> {
     crate::state::sync_path(dir)
 }
 
-/// Removes a spec file durably; a missing file is fine.
+/// Removes a spec file; a missing file is fine.
 pub fn remove_spec(path: &Path) -> io::Result<()> {
+    // The directory is not synced: a removal a crash undoes leaves a spec that either
+    // still has its claim's record (which a lazy release may bring back too) or has none,
+    // and recovery removes specs without a record.
     match std::fs::remove_file(path) {
-        Ok(()) => path.parent().map_or(Ok(()), crate::state::sync_path),
+        Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }

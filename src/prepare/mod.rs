@@ -127,6 +127,16 @@ pub enum ClaimFetchError {
 }
 
 impl ClaimFetchError {
+    /// Whether the API server refused the read (HTTP 403).
+    pub fn is_forbidden(&self) -> bool {
+        match self {
+            ClaimFetchError::Api { source, .. } => {
+                source.downcast_ref::<crate::kube::Error>().is_some_and(crate::kube::Error::is_forbidden)
+            }
+            _ => false,
+        }
+    }
+
     /// The error for a claim the API server sent but edra cannot decode.
     pub fn unreadable(namespace: &str, name: &str, source: serde_json::Error) -> Self {
         // serde_json stops at 128 nested levels; the API server accepts deeper opaque
@@ -1055,13 +1065,16 @@ impl Preparer {
         // The shared GPUs this release may put back: the claim's, or for a claim already
         // gone every GPU still time-sliced for shares (a put-back that failed).
         let gpu_locks = match self.inner.store.claim(&claim.uid)? {
-            // Only its spec (an unlink on tmpfs) and its record (removed lazily, in sled's
-            // memory) to remove: done here in microseconds, one thread hop less.
-            Some(rec) if self.releases_inline(&rec)? => {
-                let _held = guard;
-                return self.release(&claim.uid);
+            Some(rec) => {
+                let gpu_locks = self.lock_shared_gpus(&rec.devices).await;
+                // Only its spec (an unlink on tmpfs) and its record (removed lazily, in
+                // sled's memory) to remove: done here in microseconds, one thread hop less.
+                if self.releases_inline(&rec)? {
+                    let _held = (guard, gpu_locks);
+                    return self.release(&claim.uid);
+                }
+                gpu_locks
             }
-            Some(rec) => self.lock_shared_gpus(&rec.devices).await,
             None => {
                 let holders = self.inner.store.gpu_changes()?.into_iter().map(|c| c.claim);
                 self.lock_holders(holders.filter(|h| h.starts_with(SHARED_HOLDER)).collect()).await
@@ -1147,14 +1160,16 @@ impl Preparer {
         Ok(true)
     }
 
-    /// Whether releasing `rec` is only removing its spec and its record lazily: no share,
-    /// no MIG instance, no GPU change and no MPS daemon of its own, so nothing that blocks.
-    fn releases_inline(&self, rec: &ClaimRecord) -> Result<bool, StateError> {
+    /// Whether releasing `rec` is only removing its spec and its record lazily: no MIG
+    /// instance, no GPU change and no MPS daemon of its own, and its shares (if any) of
+    /// GPUs edra set nothing up on ([`Preparer::releases_lazily`]), so nothing that blocks.
+    /// Called with the claim's and its shared GPUs' locks held.
+    pub(super) fn releases_inline(&self, rec: &ClaimRecord) -> Result<bool, StateError> {
         let store = &self.inner.store;
-        Ok(rec.shares().next().is_none()
-            && rec.migs().next().is_none()
+        Ok(rec.migs().next().is_none()
             && store.mps_daemon(&rec.uid)?.is_none()
-            && !store.gpu_changes()?.iter().any(|c| c.claim == rec.uid))
+            && !store.gpu_changes()?.iter().any(|c| c.claim == rec.uid)
+            && self.releases_lazily(rec)?)
     }
 }
 

@@ -43,6 +43,10 @@ pub const AT_ONCE: usize = 8;
 /// budget to read the claim itself.
 pub const EARLY_BUDGET: Duration = Duration::from_secs(5);
 
+/// Pauses before an early read refused by the API server is tried again (see
+/// [`Prefetcher::fetch_early`]).
+pub const FORBIDDEN_RETRIES: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(80)];
+
 type Key = (String, String);
 
 enum Slot {
@@ -227,7 +231,18 @@ impl Prefetcher {
             cache.fly(key.clone())
         };
         let deadline = crate::kube::backoff::deadline_in(EARLY_BUDGET);
-        let read = self.source.get_claim_early(namespace, name, deadline).await;
+        let mut read = self.source.get_claim_early(namespace, name, deadline).await;
+        // The node authorizer learns that a pod bound to this node uses the claim from its
+        // own watch, which may lag the pod event that started this read by a few
+        // milliseconds: a refusal is tried again shortly (the flight stays, so a prepare
+        // arriving meanwhile waits for it rather than reading too).
+        for pause in FORBIDDEN_RETRIES {
+            match &read {
+                Err(e) if e.is_forbidden() => tokio::time::sleep(pause).await,
+                _ => break,
+            }
+            read = self.source.get_claim_early(namespace, name, deadline).await;
+        }
         match read {
             Ok(claim) => {
                 let claim = Arc::new(claim);

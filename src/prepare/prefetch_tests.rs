@@ -19,6 +19,8 @@ struct Source {
     early: AtomicUsize,
     /// Early reads fail (after the gate), as a throttled or refused read would.
     fail_early: std::sync::atomic::AtomicBool,
+    /// This many early reads are refused with HTTP 403 first.
+    forbid_early: AtomicUsize,
     gate: Semaphore,
 }
 
@@ -29,6 +31,7 @@ impl Source {
             reads: AtomicUsize::new(0),
             early: AtomicUsize::new(0),
             fail_early: Default::default(),
+            forbid_early: AtomicUsize::new(0),
             gate: Semaphore::new(Semaphore::MAX_PERMITS),
         })
     }
@@ -92,6 +95,12 @@ impl ClaimSource for Source {
                 drop(self.gate.acquire().await);
                 Err(ClaimFetchError::Api { namespace, name, source: "refused".into() })
             });
+        }
+        if self.forbid_early.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let (namespace, name) = (namespace.to_string(), name.to_string());
+            let refusal = crate::kube::Error::from_status("GET resourceclaims".into(), 403, b"{}", None);
+            return Box::pin(async move { Err(ClaimFetchError::Api { namespace, name, source: Box::new(refusal) }) });
         }
         self.get_claim(namespace, name, deadline)
     }
@@ -327,4 +336,27 @@ async fn a_prepare_cancelled_during_its_own_read_leaves_no_flight_behind() {
     assert!(!p.holds("ns", "c1"), "the abandoned flight is not live");
     assert!(p.fetch_early("ns", "c1").await.sent(), "so an early read may go");
     assert_eq!(p.kept(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_early_read_refused_while_the_node_authorizer_catches_up_is_tried_again() {
+    let source = Source::new();
+    source.put("c1", UID1, true);
+    source.forbid_early.store(2, Ordering::SeqCst);
+    let p = Prefetcher::new(source.clone());
+    assert!(matches!(p.fetch_early("ns", "c1").await, Early::Kept(_)), "kept after two refusals");
+    assert_eq!(source.early.load(Ordering::SeqCst), 3);
+    // Refused every time: given up after the retries, nothing kept, the kubelet reads itself.
+    source.forbid_early.store(usize::MAX, Ordering::SeqCst);
+    let p = Prefetcher::new(source.clone());
+    assert!(matches!(p.fetch_early("ns", "c1").await, Early::Read));
+    assert_eq!(source.early.load(Ordering::SeqCst), 3 + 1 + FORBIDDEN_RETRIES.len());
+    assert_eq!(p.kept(), 0);
+    // Another failure is not retried.
+    source.forbid_early.store(0, Ordering::SeqCst);
+    source.fail_early.store(true, Ordering::SeqCst);
+    let p = Prefetcher::new(source.clone());
+    let before = source.early.load(Ordering::SeqCst);
+    p.fetch_early("ns", "c1").await;
+    assert_eq!(source.early.load(Ordering::SeqCst), before + 1);
 }
