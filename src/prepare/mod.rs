@@ -595,6 +595,12 @@ struct Planned {
     mps_plan: Option<plan::MpsPlan>,
 }
 
+/// Whether a device prepared as `device` (with `share_id`) is a share or a replica of a GPU,
+/// which the publisher keeps published as shared while it is held.
+fn is_shared(share_id: Option<&str>, device: &str) -> bool {
+    share_id.is_some() || crate::sharing::replica_name(device).is_some()
+}
+
 fn answer(record: &ClaimRecord) -> Vec<PreparedDevice> {
     record
         .devices
@@ -1198,9 +1204,7 @@ impl DraHandler for Preparer {
         });
         let results: PrepareResults =
             futures_util::stream::iter(calls).buffer_unordered(CLAIMS_AT_ONCE).collect().await;
-        let shares =
-            |d: &PreparedDevice| d.share_id.is_some() || crate::sharing::replica_name(&d.device_name).is_some();
-        if results.values().flatten().flatten().any(shares) {
+        if results.values().flatten().flatten().any(|d| is_shared(d.share_id.as_deref(), &d.device_name)) {
             self.refresh_shared_gpus();
         }
         results

@@ -69,9 +69,7 @@ impl Preparer {
         .await??;
         self.staged().insert(claim_ref.uid.clone(), (claim_ref.namespace.clone(), claim_ref.name.clone()));
         self.inner.claims.prepared(&claim_ref);
-        let shares =
-            |d: &crate::state::DeviceRecord| d.share_id.is_some() || crate::sharing::replica_name(&d.device).is_some();
-        if done.devices.iter().any(shares) {
+        if done.devices.iter().any(|d| super::is_shared(d.share_id.as_deref(), &d.device)) {
             self.refresh_shared_gpus();
         }
         tracing::info!(

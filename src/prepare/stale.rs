@@ -80,12 +80,7 @@ pub fn judge_fetched(
     match answer {
         Ok(claim) => judge_claim(record, &claim),
         Err(super::ClaimFetchError::NotFound { .. }) => Verdict::Gone(NOT_FOUND.into()),
-        Err(super::ClaimFetchError::Api { source, .. })
-            if node_identity
-                && source.downcast_ref::<crate::kube::Error>().is_some_and(crate::kube::Error::is_forbidden) =>
-        {
-            Verdict::Gone(REFUSED_TO_NODE.into())
-        }
+        Err(e) if node_identity && e.is_forbidden() => Verdict::Gone(REFUSED_TO_NODE.into()),
         Err(e) => Verdict::Unknown(crate::util::error_chain(&e)),
     }
 }
