@@ -569,13 +569,8 @@ async fn batch() {
     agent.stop();
 }
 
-/// A burst of 50 pod starts with edra's default client settings: 50 concurrent calls, one
-/// claim each, on 50 mock GPUs.
-async fn burst() {
-    const PODS: usize = 50;
-    let (site, agent, client) = ready_site(PODS as u32, None, Layout::Production).await;
-    let claims: Vec<v1::Claim> = (0..PODS).map(|k| site.claim(&format!("p{k}"), &[format!("gpu-{k}")])).collect();
-    let start = Instant::now();
+/// Prepares each of `claims` in a call of its own, all at once; the time of each call.
+async fn concurrent_prepares(client: &DraPluginClient<Channel>, claims: Vec<v1::Claim>) -> Samples {
     let calls = claims.into_iter().map(|c| {
         let mut client = client.clone();
         tokio::spawn(async move { prepare(&mut client, vec![c]).await })
@@ -584,6 +579,17 @@ async fn burst() {
     for call in futures_util::future::join_all(calls).await {
         each.push(call.expect("prepare task"));
     }
+    each
+}
+
+/// A burst of 50 pod starts with edra's default client settings: 50 concurrent calls, one
+/// claim each, on 50 mock GPUs.
+async fn burst() {
+    const PODS: usize = 50;
+    let (site, agent, client) = ready_site(PODS as u32, None, Layout::Production).await;
+    let claims: Vec<v1::Claim> = (0..PODS).map(|k| site.claim(&format!("p{k}"), &[format!("gpu-{k}")])).collect();
+    let start = Instant::now();
+    let each = concurrent_prepares(&client, claims).await;
     let all = start.elapsed();
     println!("## A burst of {PODS} pod starts, default client settings (qps 100, burst 200)\n");
     println!("{}", latency_header());
@@ -774,14 +780,7 @@ async fn burst_of_pods(lead: Duration) {
     }
     tokio::time::sleep(lead).await;
     let start = Instant::now();
-    let calls = claims.into_iter().map(|c| {
-        let mut client = client.clone();
-        tokio::spawn(async move { prepare(&mut client, vec![c]).await })
-    });
-    let mut each = Samples::default();
-    for call in futures_util::future::join_all(calls).await {
-        each.push(call.expect("prepare task"));
-    }
+    let each = concurrent_prepares(&client, claims).await;
     let all = start.elapsed();
     let gets = site.server.requests().iter().skip(mark).filter(|r| r.verb == "get").count();
     let late =

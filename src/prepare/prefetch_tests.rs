@@ -63,6 +63,13 @@ impl Source {
     fn total(&self) -> usize {
         self.reads.load(Ordering::SeqCst)
     }
+
+    /// Waits until a read has started.
+    async fn until_read(&self) {
+        while self.total() == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
 }
 
 impl ClaimSource for Source {
@@ -175,9 +182,7 @@ async fn a_prepare_during_the_early_read_waits_for_it() {
         let p = p.clone();
         async move { p.fetch_early("ns", "c1").await }
     });
-    while source.total() == 0 {
-        tokio::task::yield_now().await;
-    }
+    source.until_read().await;
     let c = cref("c1", UID1);
     let prepare = ClaimSource::claim_for(&*p, &c, soon());
     let mut prepare = std::pin::pin!(prepare);
@@ -199,9 +204,7 @@ async fn an_early_read_during_the_prepares_own_read_is_not_sent() {
         let p = p.clone();
         async move { ClaimSource::claim_for(&*p, &cref("c1", UID1), soon()).await }
     });
-    while source.total() == 0 {
-        tokio::task::yield_now().await;
-    }
+    source.until_read().await;
     assert!(!p.fetch_early("ns", "c1").await.sent(), "not sent while the prepare reads it");
     source.open();
     prepare.await.unwrap().unwrap();
@@ -222,9 +225,7 @@ async fn a_failed_early_read_leaves_the_prepare_its_own() {
         let p = p.clone();
         async move { p.fetch_early("ns", "c1").await }
     });
-    while source.total() == 0 {
-        tokio::task::yield_now().await;
-    }
+    source.until_read().await;
     let c = cref("c1", UID1);
     let prepare = ClaimSource::claim_for(&*p, &c, soon());
     let mut prepare = std::pin::pin!(prepare);

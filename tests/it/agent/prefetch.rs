@@ -35,6 +35,12 @@ fn claim_path(name: &str) -> String {
     format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{name}")
 }
 
+/// The agent's configuration with `claims.prepare_early` off: claims read early wait for
+/// the kubelet.
+fn without_prepare_early(cluster: &Cluster) -> edra::config::Config {
+    cluster.config_with(NODE, &format!("gpus = {GPUS}\n[claims]\nprepare_early = false\n"))
+}
+
 /// GETs of claim `name` logged from `mark` on.
 fn gets_of(s: &State, name: &str, mark: usize) -> usize {
     let path = claim_path(name);
@@ -103,8 +109,7 @@ async fn a_bound_pods_claim_is_read_before_the_kubelet_asks_and_prepared_without
 async fn a_claim_created_again_under_a_new_uid_is_read_afresh() {
     let cluster = Cluster::start().await;
     // Not prepared early: the kept claim is what is tested.
-    let config = cluster.config_with(NODE, &format!("gpus = {GPUS}\n[claims]\nprepare_early = false\n"));
-    let agent = Agent::start(cluster.fs(), config).await;
+    let agent = Agent::start(cluster.fs(), without_prepare_early(&cluster)).await;
     wait_watching_pods(&cluster).await;
     let old = scheduled_claim(&cluster, "again", "gpu-0", "pod-again");
     bind_pod(&cluster, "pod-again", "again");
@@ -265,8 +270,7 @@ async fn a_bound_pods_claim_is_prepared_before_the_kubelet_asks_and_released_if_
 #[tokio::test]
 async fn with_prepare_early_off_a_read_claim_waits_for_the_kubelet() {
     let cluster = Cluster::start().await;
-    let config = cluster.config_with(NODE, &format!("gpus = {GPUS}\n[claims]\nprepare_early = false\n"));
-    let agent = Agent::start(cluster.fs(), config).await;
+    let agent = Agent::start(cluster.fs(), without_prepare_early(&cluster)).await;
     wait_watching_pods(&cluster).await;
     let claim = scheduled_claim(&cluster, "later", "gpu-0", "pod-later");
     bind_pod(&cluster, "pod-later", "later");
