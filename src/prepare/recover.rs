@@ -95,6 +95,15 @@ impl Preparer {
                 rebuilt.join(", ")
             );
         }
+        let orphaned = store.drop_orphaned_holdings()?;
+        if !orphaned.is_empty() {
+            tracing::info!(
+                devices = ?orphaned,
+                "dropped the holdings of {} left by a release that a crash cut short (their claims' records were \
+                 already removed)",
+                orphaned.join(", ")
+            );
+        }
         let locks = &self.inner.locks;
         for rec in store.claims()? {
             let _held = locks.lock_blocking(&rec.uid);

@@ -137,6 +137,9 @@ pub struct Machine {
     held_shares: Arc<BTreeSet<String>>,
     /// GPUs whose published sharing is being kept, to log the change once.
     frozen: BTreeSet<String>,
+    /// GPUs published with another sharing than `[sharing]` gives them, as of the last
+    /// reconcile: only a change of their held shares can change what is published.
+    unsettled: BTreeSet<String>,
     health: Arc<HealthSnapshot>,
     /// The server accepts the `None` taint effect (resource.k8s.io/v1, Kubernetes 1.35+).
     none_effect: bool,
@@ -177,6 +180,7 @@ impl Machine {
             capacity_supported: true,
             held_shares: Arc::default(),
             frozen: BTreeSet::new(),
+            unsettled: BTreeSet::new(),
             health: Arc::default(),
             none_effect: false,
             taints_kept: true,
@@ -284,26 +288,32 @@ impl Machine {
     /// the shares must not change under them); the new one follows when the last share is
     /// gone. Also returns the GPUs whose sharing is kept that way.
     fn published(&self) -> (Inventory, BTreeSet<String>) {
-        self.published_from(&self.carved())
+        let (out, kept, _) = self.published_from(&self.carved());
+        (out, kept)
     }
 
-    /// [`Self::published`] of an inventory with dynamic MIG applied.
-    fn published_from(&self, carved: &Carved) -> (Inventory, BTreeSet<String>) {
+    /// [`Self::published`] of an inventory with dynamic MIG applied, and the GPUs whose
+    /// published sharing differs from the one `[sharing]` gives them (held or not).
+    fn published_from(&self, carved: &Carved) -> (Inventory, BTreeSet<String>, BTreeSet<String>) {
         let mut out = self.sharing.published(&carved.inventory, self.capacity_supported);
-        let mut kept = BTreeSet::new();
-        for d in out.devices.iter_mut().filter(|d| self.held_shares.contains(&d.name)) {
-            let Some(seen) =
-                self.observed.values().flat_map(|s| s.spec.devices.iter().flatten()).find(|o| o.name == d.name)
-            else {
-                continue;
-            };
+        let mut seen = BTreeMap::new();
+        for o in self.observed.values().flat_map(|s| s.spec.devices.iter().flatten()) {
+            seen.entry(o.name.as_str()).or_insert(o);
+        }
+        let (mut kept, mut unsettled) = (BTreeSet::new(), BTreeSet::new());
+        for d in &mut out.devices {
+            let Some(seen) = seen.get(d.name.as_str()) else { continue };
             let published = published_policy(seen);
-            if published != d.shared {
+            if published == d.shared {
+                continue;
+            }
+            unsettled.insert(d.name.clone());
+            if self.held_shares.contains(&d.name) {
                 d.shared = published;
                 kept.insert(d.name.clone());
             }
         }
-        (out, kept)
+        (out, kept, unsettled)
     }
 
     /// Logs the GPUs (`frozen`) whose new sharing waits for their shares, and those it is
@@ -386,8 +396,13 @@ impl Machine {
                 Action::Wait
             }
             Input::Shares(held) => {
+                // Shares come and go with every prepare of one; what is published changes
+                // only for a GPU whose sharing is kept for its shares, or now can be.
+                let matters = self.held_shares.symmetric_difference(&held).any(|g| self.unsettled.contains(g));
                 self.held_shares = held;
-                self.changed(now);
+                if matters {
+                    self.changed(now);
+                }
                 Action::Wait
             }
             Input::MigOwned(owned) => {
@@ -444,7 +459,8 @@ impl Machine {
         let current: Vec<ResourceSlice> = self.observed.values().cloned().collect();
         let carved = self.carved();
         self.log_mig(&carved);
-        let (published, frozen) = self.published_from(&carved);
+        let (published, frozen, unsettled) = self.published_from(&carved);
+        self.unsettled = unsettled;
         self.log_frozen(frozen);
         let taints = self.taints(&published);
         let p = plan_tainted(&current, &published, &taints, &self.node, &self.driver, self.min_generation);

@@ -651,13 +651,24 @@ impl Store {
                         release_shares(shares, share.gpu.as_bytes(), &record.uid)?;
                     }
                 }
+                // A holding whose claim has no record is orphaned (a crash in a lazy
+                // removal): it holds nothing and is taken over.
+                let orphaned = |holder: &[u8]| -> Result<bool, sled::transaction::UnabortableTransactionError> {
+                    Ok(claims.get(holder)?.is_none())
+                };
                 for d in record.held_devices() {
                     let other = match devices.get(d.as_bytes())? {
-                        Some(holder) if holder.as_ref() != uid => Some(holder.to_vec()),
-                        _ => read_shares(shares, d.as_bytes())?
-                            .into_iter()
-                            .find(|h| h.claim != record.uid)
-                            .map(|h| h.claim.into_bytes()),
+                        Some(holder) if holder.as_ref() != uid && !orphaned(&holder)? => Some(holder.to_vec()),
+                        _ => {
+                            let mut other = None;
+                            for h in read_shares(shares, d.as_bytes())? {
+                                if h.claim != record.uid && !orphaned(h.claim.as_bytes())? {
+                                    other = Some(h.claim.into_bytes());
+                                    break;
+                                }
+                            }
+                            other
+                        }
                     };
                     if let Some(holder) = other {
                         return Err(ConflictableTransactionError::Abort(StateError::DeviceHeld {
@@ -675,15 +686,21 @@ impl Store {
                     }
                 }
                 for (gpu, gpu_memory) in gpus {
-                    if let Some(holder) = devices.get(gpu.as_bytes())?.filter(|h| h.as_ref() != uid) {
+                    if let Some(holder) = devices.get(gpu.as_bytes())?.filter(|h| h.as_ref() != uid)
+                        && !orphaned(&holder)?
+                    {
                         return Err(ConflictableTransactionError::Abort(StateError::DeviceHeld {
                             device: gpu.to_string(),
                             holder_name: holder_name(&holder)?,
                             holder: String::from_utf8_lossy(&holder).into_owned(),
                         }));
                     }
-                    let mut list = read_shares(shares, gpu.as_bytes())?;
-                    list.retain(|h| h.claim != record.uid);
+                    let mut list = Vec::new();
+                    for h in read_shares(shares, gpu.as_bytes())? {
+                        if h.claim != record.uid && !orphaned(h.claim.as_bytes())? {
+                            list.push(h);
+                        }
+                    }
                     let used: u64 = list.iter().fold(0, |a, h| a.saturating_add(h.memory));
                     let mine: Vec<ShareHolding> = record
                         .shares()
@@ -803,8 +820,88 @@ impl Store {
     /// transaction drops a GPU change or MPS daemon record, or the record has MIG devices,
     /// the removal is made durable all the same: a record of those coming back would have
     /// recovery set up again what was just undone.
+    ///
+    /// A claim with none of those is removed without a transaction: a sled transaction
+    /// writes out sled's log buffer when it begins, which wakes sled's I/O threads right
+    /// when the kubelet's answer goes out. The record goes first, then its holdings, each
+    /// an atomic single-key change; sled's log keeps their order, so a crash in between
+    /// keeps at most holdings whose claim has no record. Such an orphaned holding holds
+    /// nothing: [`Store::put_claim`] takes it over, and recovery drops it
+    /// ([`Store::drop_orphaned_holdings`]).
     pub fn remove_claim_lazily(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
-        self.remove_claim_with(uid, false)
+        let key = uid.as_bytes();
+        let changes = self.gpu_changes()?.iter().any(|c| c.claim == uid);
+        let plain =
+            !changes && self.mps_daemon(uid)?.is_none() && self.claim(uid)?.is_some_and(|r| r.migs().next().is_none());
+        if !plain {
+            return self.remove_claim_with(uid, false);
+        }
+        self.with_db(|db| {
+            let Some(old) = db.claims.remove(key).map_err(db_err("remove a claim"))? else { return Ok(None) };
+            let old =
+                record::decode_claim(&old).map_err(|source| StateError::Record { uid: uid.to_string(), source })?;
+            for d in old.held_devices() {
+                // Only if this claim still holds it; any other answer leaves it as it is.
+                let _ = db
+                    .devices
+                    .compare_and_swap(d.as_bytes(), Some(key), None::<&[u8]>)
+                    .map_err(db_err("release a device"))?;
+            }
+            let mut gpus: Vec<&str> = old.shares().map(|(_, s)| s.gpu.as_str()).collect();
+            gpus.dedup();
+            for gpu in gpus {
+                db.shares
+                    .fetch_and_update(gpu.as_bytes(), |list| without_holder(list, uid))
+                    .map_err(db_err("release a GPU's shares"))?;
+            }
+            Ok(Some(old))
+        })
+    }
+
+    /// Drops every holding (an exclusive device, a share of a GPU) whose claim has no
+    /// record — what a crash between the steps of a lazy removal
+    /// ([`Store::remove_claim_lazily`]) leaves — durably; returns the devices and GPUs
+    /// whose holdings were dropped, in name order.
+    pub fn drop_orphaned_holdings(&self) -> Result<Vec<String>, StateError> {
+        self.with_db(|db| {
+            let known = |uid: &[u8]| db.claims.contains_key(uid).map_err(db_err("read a claim"));
+            let mut dropped = Vec::new();
+            for item in db.devices.iter() {
+                let (device, holder) = item.map_err(db_err("list held devices"))?;
+                if !known(&holder)? {
+                    let _ = db
+                        .devices
+                        .compare_and_swap(&device, Some(&holder), None::<&[u8]>)
+                        .map_err(db_err("drop an orphaned holding"))?;
+                    dropped.push(String::from_utf8_lossy(&device).into_owned());
+                }
+            }
+            for item in db.shares.iter() {
+                let (gpu, bytes) = item.map_err(db_err("list shared GPUs"))?;
+                // An unreadable list is rebuilt from the records instead.
+                let Ok(list) = record::decode_shares(&bytes) else { continue };
+                let mut orphans = Vec::new();
+                for h in &list {
+                    if !known(h.claim.as_bytes())? {
+                        orphans.push(h.claim.clone());
+                    }
+                }
+                if orphans.is_empty() {
+                    continue;
+                }
+                db.shares
+                    .fetch_and_update(&gpu, |list| {
+                        orphans.iter().fold(list.map(<[u8]>::to_vec), |l, o| without_holder(l.as_deref(), o))
+                    })
+                    .map_err(db_err("drop an orphaned share"))?;
+                dropped.push(String::from_utf8_lossy(&gpu).into_owned());
+            }
+            if !dropped.is_empty() {
+                self.durable(db)?;
+            }
+            dropped.sort();
+            Ok(dropped)
+        })
     }
 
     fn remove_claim_with(&self, uid: &str, durable: bool) -> Result<Option<ClaimRecord>, StateError> {
@@ -1004,6 +1101,16 @@ fn read_shares(
             })
         }),
     }
+}
+
+/// The encoded share list `list` without `claim`'s shares: `None` when none are left; an
+/// unreadable list stays as it is (it is rebuilt from the claims' records at the next
+/// start).
+fn without_holder(list: Option<&[u8]>, claim: &str) -> Option<Vec<u8>> {
+    let bytes = list?;
+    let Ok(mut holdings) = record::decode_shares(bytes) else { return Some(bytes.to_vec()) };
+    holdings.retain(|h| h.claim != claim);
+    (!holdings.is_empty()).then(|| record::encode_shares(&holdings))
 }
 
 /// Drops `claim`'s shares from `gpu`'s list in a transaction.

@@ -467,3 +467,72 @@ fn a_lazy_removal_of_a_claim_with_gpu_changes_is_durable_all_the_same() {
     assert_eq!(crashed.claim("u1").unwrap(), None);
     assert_eq!(crashed.gpu_changes().unwrap(), Vec::new(), "a change record coming back would be set up again");
 }
+
+#[test]
+fn a_lazy_removal_releases_shares_without_a_flush() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    let s = Store::open_without_flusher(&dir).unwrap();
+    let mut a = record("a", vec![share_of("aaaaaaaa", "gpu-0", 50 << 30), share_of("aaaaaaab", "gpu-0", 10 << 30)]);
+    a.phase = Phase::PrepareCompleted;
+    let mut b = record("b", vec![share_of("bbbbbbbb", "gpu-0", 20 << 30)]);
+    b.phase = Phase::PrepareCompleted;
+    s.put_claim(&a).unwrap();
+    s.put_claim(&b).unwrap();
+    let flushes = s.flushes();
+    assert!(s.remove_claim_lazily("a").unwrap().is_some());
+    assert_eq!(s.flushes(), flushes, "no flush");
+    let left: Vec<String> = s.shares_of("gpu-0").unwrap().into_iter().map(|h| h.claim).collect();
+    assert_eq!(left, ["b"], "both of a's shares went, b's stayed");
+    // 60Gi are free again.
+    let c = record("c", vec![share_of("cccccccc", "gpu-0", 60 << 30)]);
+    s.put_claim(&c).unwrap();
+    assert!(s.remove_claim_lazily("b").unwrap().is_some());
+    assert!(s.remove_claim_lazily("c").unwrap().is_some());
+    assert!(s.gpus_with_shares().unwrap().is_empty(), "the last share takes the list with it");
+    assert_eq!(s.remove_claim_lazily("c").unwrap(), None, "a second removal finds nothing");
+}
+
+#[test]
+fn holdings_whose_record_is_gone_hold_nothing_and_recovery_drops_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    let s = Store::open(&dir).unwrap();
+    s.put_claim(&completed("a", "gpu-0")).unwrap();
+    let mut b = record("b", vec![share_of("bbbbbbbb", "gpu-1", 70 << 30)]);
+    b.phase = Phase::PrepareCompleted;
+    s.put_claim(&b).unwrap();
+    s.put_claim(&completed("keep", "gpu-2")).unwrap();
+    // What a crash between the steps of lazy removals leaves on disk: the records went
+    // first, the holdings did not.
+    s.with_db(|db| {
+        for uid in ["a", "b"] {
+            db.claims.remove(uid).map_err(db_err("remove (test)"))?;
+        }
+        s.durable(db)
+    })
+    .unwrap();
+    drop(s);
+
+    let (_copy, restarted) = as_on_disk(&dir);
+    assert_eq!(restarted.holder("gpu-0").unwrap().as_deref(), Some("a"), "still on disk");
+    // A new claim takes over both: the orphaned holdings are not in its way.
+    restarted.put_claim(&completed("c", "gpu-0")).unwrap();
+    let d = record("d", vec![share_of("dddddddd", "gpu-1", 80 << 30)]);
+    restarted.put_claim(&d).unwrap();
+    assert_eq!(restarted.holder("gpu-0").unwrap().as_deref(), Some("c"));
+    let holders: Vec<String> = restarted.shares_of("gpu-1").unwrap().into_iter().map(|h| h.claim).collect();
+    assert_eq!(holders, ["d"], "b's orphaned share was dropped from the list");
+    drop(restarted);
+
+    let (_copy, restarted) = as_on_disk(&dir);
+    assert_eq!(restarted.drop_orphaned_holdings().unwrap(), ["gpu-0", "gpu-1"]);
+    assert_eq!(restarted.holder("gpu-0").unwrap(), None);
+    assert!(restarted.shares_of("gpu-1").unwrap().is_empty());
+    assert_eq!(restarted.holder("gpu-2").unwrap().as_deref(), Some("keep"), "a holding with its record stays");
+    assert!(restarted.drop_orphaned_holdings().unwrap().is_empty(), "nothing left to drop");
+    let path = restarted.dir().to_path_buf();
+    drop(restarted);
+    let (_again, reopened) = as_on_disk(&path);
+    assert_eq!(reopened.holder("gpu-0").unwrap(), None, "the drop was durable");
+}

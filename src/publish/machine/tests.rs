@@ -310,6 +310,38 @@ async fn a_gpu_with_shares_keeps_its_published_sharing_until_the_last_share_is_g
     assert_eq!(step(&p.updates[0], "gpu-0").as_deref(), Some("2Gi"));
 }
 
+#[tokio::test(start_paused = true)]
+async fn shares_of_a_gpu_published_as_configured_wake_no_reconcile() {
+    let mut counter = 0;
+    let mut m = machine(None, 2).with_sharing(SharingSettings::default());
+    publish_first(&mut m, &mut counter).await;
+    assert_eq!(m.state(), &State::Idle);
+    // Every prepare and unprepare of a share changes the held set; the GPUs are published
+    // as configured, so nothing is due.
+    for held in [BTreeSet::from(["gpu-0".to_string()]), BTreeSet::new()] {
+        m.step(Input::Shares(Arc::new(held)), Instant::now());
+        assert_eq!(m.state(), &State::Idle, "no reconcile is scheduled");
+        assert_eq!(m.timer(), None);
+    }
+
+    // [sharing] changed under a held share (a restart): gpu-0 stays published as it was,
+    // and the release of its last share is what brings the new sharing.
+    let before = seen_by(&m);
+    let wider = SharingSettings { memory_step: 2 << 30, ..SharingSettings::default() };
+    let held = Arc::new(BTreeSet::from(["gpu-0".to_string()]));
+    let mut m = machine(None, 2).with_sharing(wider).with_held_shares(held);
+    m.step(Input::Watch(watcher::Event::Restarted(before)), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("gpu-1 gets the new step") };
+    let applied = server_applies(&m, &p, &mut counter);
+    m.step(Input::Applied(applied), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::Wait);
+    assert_eq!(m.state(), &State::Idle);
+    m.step(Input::Shares(Arc::new(BTreeSet::from(["gpu-0".to_string(), "gpu-1".to_string()]))), Instant::now());
+    assert_eq!(m.state(), &State::Idle, "gpu-1 is published as configured: a share of it changes nothing");
+    m.step(Input::Shares(Arc::new(BTreeSet::from(["gpu-1".to_string()]))), Instant::now());
+    assert!(matches!(m.state(), State::Due { .. }), "gpu-0's last share went: its new sharing is due");
+}
+
 fn dynamic_mig() -> MigSettings {
     MigSettings { dynamic: crate::sharing::GpuSelection::All }
 }
