@@ -1077,7 +1077,7 @@ impl Preparer {
                 // sled's memory) to remove: done here in microseconds, one thread hop less.
                 if self.releases_inline(&rec)? {
                     let _held = (guard, gpu_locks);
-                    return self.release(&claim.uid);
+                    return self.release_inline(&rec);
                 }
                 gpu_locks
             }
@@ -1112,12 +1112,7 @@ impl Preparer {
             // A shared GPU whose last share went while putting it back failed.
             return self.put_back_idle_shared_gpus(None).map(|_| ());
         };
-        cdi::remove_spec(&rec.cdi_spec_path).map_err(|source| PrepareError::Cdi {
-            op: "remove",
-            path: rec.cdi_spec_path.clone(),
-            source,
-        })?;
-        failpoint::hit("unprepare-after-cdi-remove");
+        remove_spec_of(&rec)?;
         self.stop_mps(uid)?;
         self.restore_gpus(uid)?;
         self.destroy_migs(&rec, adopt_intents)?;
@@ -1139,13 +1134,43 @@ impl Preparer {
     }
 }
 
+/// Removes `rec`'s CDI spec (the first step of a release).
+fn remove_spec_of(rec: &ClaimRecord) -> Result<(), PrepareError> {
+    cdi::remove_spec(&rec.cdi_spec_path).map_err(|source| PrepareError::Cdi {
+        op: "remove",
+        path: rec.cdi_spec_path.clone(),
+        source,
+    })?;
+    failpoint::hit("unprepare-after-cdi-remove");
+    Ok(())
+}
+
 impl Preparer {
+    /// [`Preparer::release`] of a claim [`Preparer::releases_inline`] found has only its
+    /// spec and its record to remove, as read under its lock: the same steps in the same
+    /// order, without reading again what the check read. Nothing of its shared GPUs is to
+    /// be put back: the check found no change or daemon of theirs, and their locks are held.
+    fn release_inline(&self, rec: &ClaimRecord) -> Result<(), PrepareError> {
+        remove_spec_of(rec)?;
+        self.inner.store.remove_released(rec)?;
+        failpoint::hit("unprepare-after-record-remove");
+        tracing::info!(claim.uid = rec.uid, phase = ?rec.phase, "claim unprepared");
+        Ok(())
+    }
+
     /// Whether the removal of `rec` may be lazy ([`Store::remove_claim_lazily`]): its
     /// prepare was one durable step, as [`Preparer::apply`] decides it — no share of a GPU
     /// whose shares edra sets up (`sharing.enforcement`, now or when it was prepared);
     /// the store itself keeps the removal durable for a claim with GPU changes, an MPS
     /// daemon or MIG instances of its own.
     fn releases_lazily(&self, rec: &ClaimRecord) -> Result<bool, StateError> {
+        // Only shares need the GPU change records.
+        let changes = if rec.shares().next().is_some() { self.inner.store.gpu_changes()? } else { Vec::new() };
+        self.releases_lazily_given(rec, &changes)
+    }
+
+    /// [`Preparer::releases_lazily`] with the GPU change records read already.
+    fn releases_lazily_given(&self, rec: &ClaimRecord, changes: &[GpuChange]) -> Result<bool, StateError> {
         if self.changes_shared_gpus(rec) {
             return Ok(false);
         }
@@ -1154,8 +1179,7 @@ impl Preparer {
             return Ok(true);
         }
         let store = &self.inner.store;
-        let changed = store.gpu_changes()?.into_iter().any(|c| holders.contains(&c.claim));
-        if changed {
+        if changes.iter().any(|c| holders.contains(&c.claim)) {
             return Ok(false);
         }
         for h in &holders {
@@ -1172,10 +1196,11 @@ impl Preparer {
     /// Called with the claim's and its shared GPUs' locks held.
     pub(super) fn releases_inline(&self, rec: &ClaimRecord) -> Result<bool, StateError> {
         let store = &self.inner.store;
-        Ok(rec.migs().next().is_none()
-            && store.mps_daemon(&rec.uid)?.is_none()
-            && !store.gpu_changes()?.iter().any(|c| c.claim == rec.uid)
-            && self.releases_lazily(rec)?)
+        if rec.migs().next().is_some() || store.mps_daemon(&rec.uid)?.is_some() {
+            return Ok(false);
+        }
+        let changes = store.gpu_changes()?;
+        Ok(!changes.iter().any(|c| c.claim == rec.uid) && self.releases_lazily_given(rec, &changes)?)
     }
 }
 

@@ -136,3 +136,29 @@ async fn a_refusal_means_gone_only_to_a_node_identity() {
     ok(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
     assert!(f.preparer.store().claim(UID1).unwrap().is_none());
 }
+
+#[tokio::test]
+async fn holdings_left_by_a_release_a_crash_cut_short_are_dropped_at_recovery() {
+    use super::shares::{SHARE1, fixture, shared_claim};
+    let (logs, _guard) = Logs::capture();
+    let f = fixture();
+    f.claims.put(shared_claim(UID1, "share", &[("gpu", "gpu-0", SHARE1, "80Gi")], json!([])));
+    f.claims.put(claim(UID2, "whole", &[("gpu", DRIVER, NODE, "gpu-1", false)], json!([])));
+    let r = f.preparer.prepare(vec![cref(UID1, "share"), cref(UID2, "whole")]).await;
+    ok(&r, UID1);
+    ok(&r, UID2);
+    // A lazy release removes the record first; a crash before its holdings leaves them.
+    f.preparer.store().raw_remove("claims", UID1.as_bytes());
+    f.preparer.store().raw_remove("claims", UID2.as_bytes());
+    let f = f.restart();
+    f.preparer.recover().unwrap();
+    let store = f.preparer.store();
+    assert_eq!(store.holder("gpu-1").unwrap(), None);
+    assert!(store.shares_of("gpu-0").unwrap().is_empty());
+    assert!(!spec_path(&f, UID1).exists() && !spec_path(&f, UID2).exists(), "specs without a record go too");
+    let text = logs.text();
+    assert!(text.contains("dropped the holdings of gpu-0, gpu-1 left by a release that a crash cut short"), "{text}");
+    // The whole of both GPUs is there for the next claims.
+    f.claims.put(shared_claim(UID3, "next", &[("gpu", "gpu-0", SHARE1, "80Gi")], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID3, "next")]).await, UID3);
+}

@@ -566,6 +566,18 @@ impl Store {
         .expect("raw insert");
     }
 
+    /// Removes key `key` from tree `claims` or `devices`, durably (tests only: what a crash
+    /// between the steps of a lazy removal leaves).
+    #[cfg(test)]
+    pub(crate) fn raw_remove(&self, tree: &str, key: &[u8]) {
+        self.with_db(|db| {
+            let t = if tree == "devices" { &db.devices } else { &db.claims };
+            t.remove(key).map_err(db_err("remove (test)"))?;
+            self.durable(db)
+        })
+        .expect("raw remove");
+    }
+
     /// Closes the database and opens it again from disk; lifts the poison once a durable
     /// write has succeeded. Run recovery afterwards: records may be older than memory was.
     /// Calls made meanwhile fail as poisoned.
@@ -829,17 +841,25 @@ impl Store {
     /// nothing: [`Store::put_claim`] takes it over, and recovery drops it
     /// ([`Store::drop_orphaned_holdings`]).
     pub fn remove_claim_lazily(&self, uid: &str) -> Result<Option<ClaimRecord>, StateError> {
-        let key = uid.as_bytes();
+        // Without a record, change and daemon records of the claim may still be there.
+        let Some(rec) = self.claim(uid)? else { return self.remove_claim_with(uid, false) };
         let changes = self.gpu_changes()?.iter().any(|c| c.claim == uid);
-        let plain =
-            !changes && self.mps_daemon(uid)?.is_none() && self.claim(uid)?.is_some_and(|r| r.migs().next().is_none());
-        if !plain {
+        if changes || self.mps_daemon(uid)?.is_some() || rec.migs().next().is_some() {
             return self.remove_claim_with(uid, false);
         }
+        self.remove_released(&rec)?;
+        Ok(Some(rec))
+    }
+
+    /// [`Store::remove_claim_lazily`] of `old`, the record as its caller read it under the
+    /// claim's lock and found without GPU change records, an MPS daemon or MIG devices of
+    /// its own: removed without a transaction, the record first, then its holdings.
+    pub(crate) fn remove_released(&self, old: &ClaimRecord) -> Result<(), StateError> {
+        let key = old.uid.as_bytes();
         self.with_db(|db| {
-            let Some(old) = db.claims.remove(key).map_err(db_err("remove a claim"))? else { return Ok(None) };
-            let old =
-                record::decode_claim(&old).map_err(|source| StateError::Record { uid: uid.to_string(), source })?;
+            if db.claims.remove(key).map_err(db_err("remove a claim"))?.is_none() {
+                return Ok(());
+            }
             for d in old.held_devices() {
                 // Only if this claim still holds it; any other answer leaves it as it is.
                 let _ = db
@@ -848,13 +868,14 @@ impl Store {
                     .map_err(db_err("release a device"))?;
             }
             let mut gpus: Vec<&str> = old.shares().map(|(_, s)| s.gpu.as_str()).collect();
+            gpus.sort_unstable();
             gpus.dedup();
             for gpu in gpus {
                 db.shares
-                    .fetch_and_update(gpu.as_bytes(), |list| without_holder(list, uid))
+                    .fetch_and_update(gpu.as_bytes(), |list| without_holder(list, &old.uid))
                     .map_err(db_err("release a GPU's shares"))?;
             }
-            Ok(Some(old))
+            Ok(())
         })
     }
 
