@@ -9,7 +9,8 @@
 //! for their pods), sets their GPU settings again, adopts their MPS daemons (or starts
 //! them again) and re-writes their missing specs, stops MPS daemons no claim owns,
 //! removes spec files of edra's kind that no record owns and temp files whose writer is
-//! gone, and stores the boot ID. Each claim is handled under its lock, so recovery can run
+//! gone, drops device holdings and shares whose claim has no record (a lazy release cut
+//! short), and stores the boot ID. Each claim is handled under its lock, so recovery can run
 //! while the kubelet is served (after a re-open) without undoing a prepare in flight. The
 //! instance lock ([`crate::instance`]) makes edra the only writer of its kind's specs in
 //! the CDI directory, so a spec without a record is its own and stale.

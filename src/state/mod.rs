@@ -12,8 +12,9 @@
 //! followed by `fsync` of the database's log file (`db`) and its `conf`; the directory
 //! itself is synced after the files are created. The one exception is
 //! [`Store::remove_claim_lazily`], the release of a claim without hardware side effects:
-//! it is answered from memory, and sled's background flusher ([`FLUSH_EVERY_MS`]) or the
-//! next durable change writes it. Nothing outside this module knows the store is sled.
+//! single-key removals (the record, then its holdings) answered from memory, which sled's
+//! background flusher ([`FLUSH_EVERY_MS`]) or the next durable change writes; a holding
+//! whose claim has no record holds nothing ([`Store::drop_orphaned_holdings`]). Nothing outside this module knows the store is sled.
 //!
 //! **A failed durability step poisons the store.** When a change cannot be made durable
 //! (a full disk, an I/O error), sled's memory may hold what the disk does not, so from then
