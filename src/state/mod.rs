@@ -14,7 +14,8 @@
 //! [`Store::remove_claim_lazily`], the release of a claim without hardware side effects:
 //! single-key removals (the record, then its holdings) answered from memory, which sled's
 //! background flusher ([`FLUSH_EVERY_MS`]) or the next durable change writes; a holding
-//! whose claim has no record holds nothing ([`Store::drop_orphaned_holdings`]). Nothing outside this module knows the store is sled.
+//! whose claim has no record holds nothing ([`Store::drop_orphaned_holdings`]). Nothing
+//! outside this module knows the store is sled.
 //!
 //! **A failed durability step poisons the store.** When a change cannot be made durable
 //! (a full disk, an I/O error), sled's memory may hold what the disk does not, so from then
@@ -639,7 +640,8 @@ impl Store {
 
     /// Stores `record` (any phase) and takes its exclusive devices, durably. Fails with
     /// [`StateError::DeviceHeld`] when another claim holds one of them; devices this claim
-    /// held under an earlier record and no longer needs are released.
+    /// held under an earlier record and no longer needs are released. A holding whose
+    /// claim has no record (a lazy removal a crash cut short) is taken over.
     pub fn put_claim(&self, record: &ClaimRecord) -> Result<(), StateError> {
         let uid = record.uid.as_bytes();
         let bytes = record::encode_claim(record);
