@@ -162,3 +162,28 @@ async fn holdings_left_by_a_release_a_crash_cut_short_are_dropped_at_recovery() 
     f.claims.put(shared_claim(UID3, "next", &[("gpu", "gpu-0", SHARE1, "80Gi")], json!([])));
     ok(&f.preparer.prepare(vec![cref(UID3, "next")]).await, UID3);
 }
+
+#[tokio::test]
+async fn a_holder_whose_lock_stays_taken_is_kept_and_named_after_the_wait() {
+    let f = Fixture::new();
+    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    f.claims.delete("ns", "c1");
+    // c1 is being unprepared right now (say nvidia-smi hangs): its lock stays taken.
+    let busy = f.preparer.inner.locks.lock(UID1).await;
+    let started = std::time::Instant::now();
+    let e = err(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
+    assert!(started.elapsed() >= stale::HOLDER_LOCK_WAIT, "waited {:?}", started.elapsed());
+    assert!(
+        e.contains(&format!(
+            "claim UID {UID1} is being prepared or unprepared right now (its lock stayed taken for 5s)"
+        )),
+        "{e}"
+    );
+    assert!(f.preparer.store().claim(UID1).unwrap().is_some(), "not released under its owner's feet");
+    drop(busy);
+    // Once the lock is free, the kubelet's retry finds c1 gone and releases it.
+    ok(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
+    assert!(f.preparer.store().claim(UID1).unwrap().is_none());
+}

@@ -243,3 +243,20 @@ async fn a_failing_time_slice_fails_the_first_share_and_leaves_the_gpu_as_it_was
     f.smi.heal();
     ok(&f.preparer.prepare(vec![cref(UID1, "a")]).await, UID1);
 }
+
+#[tokio::test]
+async fn a_share_of_a_gpu_time_sliced_for_its_shares_is_released_durably() {
+    let f = time_sliced_fixture().restart_without_flusher();
+    f.claims.put(shared_claim(UID1, "a", &[("gpu", "gpu-0", SHARE1, "30Gi")], json!([])));
+    f.claims.put(shared_claim(UID2, "b", &[("gpu", "gpu-0", SHARE2, "30Gi")], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "a"), cref(UID2, "b")]).await, UID1);
+    let flushes = f.preparer.store().flushes();
+    assert_eq!(f.preparer.unprepare(vec![cref(UID1, "a")]).await.get(UID1), Some(&Ok(())));
+    assert!(f.preparer.store().flushes() > flushes, "edra set the GPU up for its shares: the release is durable");
+    // On disk at once: a's share coming back after a crash would be counted against gpu-0.
+    let (_copy, crashed) = crate::state::tests::as_on_disk(&f.root.join("state"));
+    assert_eq!(crashed.claim(UID1).unwrap(), None);
+    let holders: Vec<String> = crashed.shares_of("gpu-0").unwrap().into_iter().map(|h| h.claim).collect();
+    assert_eq!(holders, [UID2]);
+    assert_eq!(f.smi.calls().len(), 1, "b still holds a share: the GPU stays time-sliced");
+}
