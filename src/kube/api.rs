@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::client::operation;
+use super::client::{Pace, operation};
 use super::convert::{self, ConvertError};
 use super::{Client, Error, ResourceApi, request};
 
@@ -151,7 +151,7 @@ impl Client {
     }
 
     pub async fn get_claim(&self, api: ResourceApi, namespace: &str, name: &str) -> Result<ResourceClaim, Error> {
-        self.get_claim_until(api, namespace, name, None).await
+        self.get_claim_paced(api, namespace, name, Pace { until: None, queue: true }).await
     }
 
     /// [`Client::get_claim`], done by `deadline`: if the client's own rate limit would hold
@@ -163,20 +163,7 @@ impl Client {
         name: &str,
         deadline: tokio::time::Instant,
     ) -> Result<ResourceClaim, Error> {
-        self.get_claim_until(api, namespace, name, Some(deadline)).await
-    }
-
-    async fn get_claim_until(
-        &self,
-        api: ResourceApi,
-        namespace: &str,
-        name: &str,
-        until: Option<tokio::time::Instant>,
-    ) -> Result<ResourceClaim, Error> {
-        let req = request::get_claim(api, namespace, name);
-        let op = operation(&req);
-        let body = self.request_by(req, until).await?;
-        decode_claim(api, &op, &body)
+        self.get_claim_paced(api, namespace, name, Pace { until: Some(deadline), queue: true }).await
     }
 
     /// [`Client::get_claim_by`] for a read nobody waits for yet (a claim fetched before the
@@ -189,9 +176,19 @@ impl Client {
         name: &str,
         deadline: tokio::time::Instant,
     ) -> Result<ResourceClaim, Error> {
+        self.get_claim_paced(api, namespace, name, Pace { until: Some(deadline), queue: false }).await
+    }
+
+    async fn get_claim_paced(
+        &self,
+        api: ResourceApi,
+        namespace: &str,
+        name: &str,
+        pace: Pace,
+    ) -> Result<ResourceClaim, Error> {
         let req = request::get_claim(api, namespace, name);
         let op = operation(&req);
-        let body = self.request_if_free(req, deadline).await?;
+        let body = self.request_paced(req, pace).await?;
         decode_claim(api, &op, &body)
     }
 

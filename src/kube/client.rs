@@ -185,11 +185,13 @@ impl std::fmt::Debug for Client {
 
 /// When a request must be done, and whether it may wait in the rate limit's queue.
 #[derive(Debug, Clone, Copy)]
-struct Pace {
+pub(super) struct Pace {
     /// All done by then (no deadline: however long it takes).
-    until: Option<Instant>,
-    /// Wait for a token (in time for `until`); otherwise only a token free at once.
-    queue: bool,
+    pub(super) until: Option<Instant>,
+    /// Wait for a token (in time for `until`); otherwise only a token free at once, never
+    /// queueing ahead of requests that wait for theirs ([`Error::Throttled`] otherwise):
+    /// for work nobody waits for yet.
+    pub(super) queue: bool,
 }
 
 /// Why one attempt failed, for the retry decision.
@@ -430,14 +432,8 @@ impl Client {
         self.request_paced(req, Pace { until, queue: true }).await
     }
 
-    /// Like [`Client::request_by`], but each attempt is sent only if the rate limit has a
-    /// token free at once, never queueing ahead of requests that wait for theirs
-    /// ([`Error::Throttled`] otherwise): for work nobody waits for yet.
-    pub(super) async fn request_if_free(&self, req: Request<Bytes>, until: Instant) -> Result<Bytes, Error> {
-        self.request_paced(req, Pace { until: Some(until), queue: false }).await
-    }
-
-    async fn request_paced(&self, req: Request<Bytes>, pace: Pace) -> Result<Bytes, Error> {
+    /// [`Client::request_by`] at pace `pace`.
+    pub(super) async fn request_paced(&self, req: Request<Bytes>, pace: Pace) -> Result<Bytes, Error> {
         let until = pace.until;
         let s = &self.inner.settings;
         let budget = deadline_in(s.retry_budget);
