@@ -190,8 +190,8 @@ impl Preparer {
     /// server by `deadline`, under that claim's lock (waiting at most [`HOLDER_LOCK_WAIT`]).
     /// A claim judged gone — a record that came back after a crash lost its lazy removal,
     /// or a claim deleted while the node was down — is released as an unprepare would and
-    /// logged. Ok when one was released (or went meanwhile), so applying again may
-    /// succeed; otherwise the error names each holder and what the server answered.
+    /// logged. Ok when one was released (or all went meanwhile), so applying again may
+    /// succeed; otherwise the error names each holder kept and what the server answered.
     async fn release_gone_holders(
         &self,
         record: &ClaimRecord,
@@ -209,13 +209,8 @@ impl Preparer {
                 ));
                 continue;
             };
-            let holder = match self.inner.store.claim(&uid)? {
-                None => {
-                    freed = true;
-                    continue;
-                }
-                Some(h) => h,
-            };
+            // Released meanwhile, or a holding without its record (which holds nothing).
+            let Some(holder) = self.inner.store.claim(&uid)? else { continue };
             let name = format!("{}/{} (UID {uid})", holder.namespace, holder.name);
             if holder.phase != Phase::PrepareCompleted {
                 kept.push(format!("claim {name} is being prepared; the kubelet retries"));
@@ -250,7 +245,8 @@ impl Preparer {
                 )),
             }
         }
-        if freed {
+        // Nothing kept: every claim in the way was released, here or meanwhile.
+        if freed || kept.is_empty() {
             return Ok(());
         }
         Err(PrepareError::HeldBy { conflict, checked: kept.join("; ") })

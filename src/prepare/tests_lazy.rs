@@ -187,3 +187,24 @@ async fn a_holder_whose_lock_stays_taken_is_kept_and_named_after_the_wait() {
     ok(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
     assert!(f.preparer.store().claim(UID1).unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_holding_without_its_record_does_not_hide_the_verdict_on_a_live_holder() {
+    let f = Fixture::new();
+    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    f.claims.put(claim(UID3, "c3", &[("gpu", DRIVER, NODE, "gpu-1", false)], json!([])));
+    let both = [("gpu", DRIVER, NODE, "gpu-0", false), ("gpu", DRIVER, NODE, "gpu-1", false)];
+    f.claims.put(claim(UID2, "c2", &both, json!([])));
+    let r = f.preparer.prepare(vec![cref(UID1, "c1"), cref(UID3, "c3")]).await;
+    ok(&r, UID1);
+    ok(&r, UID3);
+    // c3's release was cut short between its record and its holding of gpu-1.
+    f.preparer.store().raw_remove("claims", UID3.as_bytes());
+    let e = err(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
+    assert!(
+        e.contains(&format!("the API server says claim ns/c1 (UID {UID1}) is still allocated and reserved for a pod")),
+        "{e}"
+    );
+    assert!(!e.contains(UID3), "the orphaned holding is in nobody's way: {e}");
+    assert_eq!(f.preparer.store().holder("gpu-0").unwrap().as_deref(), Some(UID1));
+}
