@@ -671,19 +671,21 @@ impl Store {
                 let orphaned = |holder: &[u8]| -> Result<bool, sled::transaction::UnabortableTransactionError> {
                     Ok(claims.get(holder)?.is_none())
                 };
+                // The shares of a GPU that other claims with a record hold.
+                let others_shares =
+                    |gpu: &[u8]| -> Result<Vec<ShareHolding>, ConflictableTransactionError<StateError>> {
+                        let mut live = Vec::new();
+                        for h in read_shares(shares, gpu)? {
+                            if h.claim != record.uid && !orphaned(h.claim.as_bytes())? {
+                                live.push(h);
+                            }
+                        }
+                        Ok(live)
+                    };
                 for d in record.held_devices() {
                     let other = match devices.get(d.as_bytes())? {
                         Some(holder) if holder.as_ref() != uid && !orphaned(&holder)? => Some(holder.to_vec()),
-                        _ => {
-                            let mut other = None;
-                            for h in read_shares(shares, d.as_bytes())? {
-                                if h.claim != record.uid && !orphaned(h.claim.as_bytes())? {
-                                    other = Some(h.claim.into_bytes());
-                                    break;
-                                }
-                            }
-                            other
-                        }
+                        _ => others_shares(d.as_bytes())?.into_iter().next().map(|h| h.claim.into_bytes()),
                     };
                     if let Some(holder) = other {
                         return Err(ConflictableTransactionError::Abort(StateError::DeviceHeld {
@@ -710,12 +712,7 @@ impl Store {
                             holder: String::from_utf8_lossy(&holder).into_owned(),
                         }));
                     }
-                    let mut list = Vec::new();
-                    for h in read_shares(shares, gpu.as_bytes())? {
-                        if h.claim != record.uid && !orphaned(h.claim.as_bytes())? {
-                            list.push(h);
-                        }
-                    }
+                    let mut list = others_shares(gpu.as_bytes())?;
                     let used: u64 = list.iter().fold(0, |a, h| a.saturating_add(h.memory));
                     let mine: Vec<ShareHolding> = record
                         .shares()
@@ -1127,13 +1124,18 @@ fn read_shares(
     }
 }
 
-/// The encoded share list `list` without `claim`'s shares: `None` when none are left; an
-/// unreadable list stays as it is (it is rebuilt from the claims' records at the next
-/// start).
+/// The encoded share list `list` without `claim`'s shares: `None` when none are left, the
+/// same bytes when it has none of them. An unreadable list stays as it is (it refuses new
+/// shares of the GPU until it is rebuilt from the claims' records at the next start), so
+/// the release itself goes on.
 fn without_holder(list: Option<&[u8]>, claim: &str) -> Option<Vec<u8>> {
     let bytes = list?;
     let Ok(mut holdings) = record::decode_shares(bytes) else { return Some(bytes.to_vec()) };
+    let before = holdings.len();
     holdings.retain(|h| h.claim != claim);
+    if holdings.len() == before {
+        return Some(bytes.to_vec());
+    }
     (!holdings.is_empty()).then(|| record::encode_shares(&holdings))
 }
 
@@ -1143,19 +1145,15 @@ fn release_shares(
     gpu: &[u8],
     claim: &str,
 ) -> Result<(), sled::transaction::UnabortableTransactionError> {
-    // An unreadable list stays as it is (it refuses new shares of the GPU until it is
-    // rebuilt from the claims' records at the next start), so the release itself goes on.
-    let Some(mut list) = shares.get(gpu)?.and_then(|b| record::decode_shares(&b).ok()) else {
-        return Ok(());
-    };
-    let before = list.len();
-    list.retain(|h| h.claim != claim);
-    if list.len() != before {
-        if list.is_empty() {
+    let Some(old) = shares.get(gpu)? else { return Ok(()) };
+    match without_holder(Some(&old), claim) {
+        None => {
             shares.remove(gpu)?;
-        } else {
-            shares.insert(gpu, record::encode_shares(&list))?;
         }
+        Some(new) if new.as_slice() != old.as_ref() => {
+            shares.insert(gpu, new)?;
+        }
+        Some(_) => {}
     }
     Ok(())
 }
