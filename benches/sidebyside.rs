@@ -13,12 +13,18 @@
 //! - `SBS_ROUNDS` (200): claims per plugin; `SBS_DELAY_MS` (20): how long after its pod is
 //!   bound a claim's prepare is sent (the kubelet calls after it has seen and admitted the
 //!   pod); `SBS_REPEATS` (1): repeated prepares timed per claim (more samples for their
-//!   tail; the kubelet repeats a prepare at every restart of a pod's containers).
+//!   tail; the kubelet repeats a prepare at every restart of a pod's containers);
+//!   `SBS_RAW`: a file to write every sample to, one per line (plugin, operation, index,
+//!   microseconds), for looking at a tail sample by sample.
 //!
 //! Each round creates, per plugin, one claim and one pod using it pinned to the plugin's
 //! node, waits until the scheduler allocated and reserved the claim and bound the pod, then
 //! times NodePrepareResources (first time), NodePrepareResources again (repeated) and
 //! NodeUnprepareResources, and deletes the pod and the claim. Plugins alternate A B, B A.
+//! Then it times as many calls with no claims as there were repeated prepares, back to
+//! back and alternating: the floor under every answer (the gRPC round trip, each plugin's
+//! server, the scheduling of both processes), which shows how much of a tail is the
+//! plugin's own work.
 
 #[allow(unused_imports, dead_code)]
 #[path = "../tests/it/support/kubelet.rs"]
@@ -41,6 +47,8 @@ struct Plugin {
     first: Vec<Duration>,
     repeat: Vec<Duration>,
     release: Vec<Duration>,
+    /// NodePrepareResources with no claims: the plugin's gRPC stack and nothing else.
+    empty: Vec<Duration>,
 }
 
 fn kubectl(base: &[String], args: &[&str], stdin: Option<&str>) -> Result<String, String> {
@@ -112,6 +120,7 @@ fn parse_plugin(var: &str) -> Option<Plugin> {
         first: Vec::new(),
         repeat: Vec::new(),
         release: Vec::new(),
+        empty: Vec::new(),
     })
 }
 
@@ -181,6 +190,21 @@ async fn main() {
             let _ = kubectl(&base, &["-n", ns, "delete", "resourceclaim", &name, "--wait=false"], None);
         }
     }
+    // The floor under every answer: a call with no claims, timed back to back like the
+    // repeated prepares, as many of them, alternating between the plugins.
+    let empties = rounds.saturating_mul(repeats);
+    for n in 0..(warmup + empties) {
+        for i in if n % 2 == 0 { [0, 1] } else { [1, 0] } {
+            let t = Instant::now();
+            clients[i]
+                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: Vec::new() })
+                .await
+                .expect("NodePrepareResources with no claims");
+            if n >= warmup {
+                plugins[i].empty.push(t.elapsed());
+            }
+        }
+    }
     println!(
         "## Side by side: {rounds} claims per plugin, alternating; prepare sent {} ms after the pod was bound\n",
         delay.as_millis()
@@ -188,12 +212,27 @@ async fn main() {
     let (a, b) = (&plugins[0].label, &plugins[1].label);
     println!("| operation (ms) | {a} p50 | {a} p90 | {a} p99 | {b} p50 | {b} p90 | {b} p99 |");
     println!("|---|---|---|---|---|---|---|");
-    let rows: [Row; 3] =
-        [("prepare, first time", |p| &p.first), ("prepare, repeated", |p| &p.repeat), ("unprepare", |p| &p.release)];
+    let rows: [Row; 4] = [
+        ("prepare, first time", |p| &p.first),
+        ("prepare, repeated", |p| &p.repeat),
+        ("unprepare", |p| &p.release),
+        ("call with no claims", |p| &p.empty),
+    ];
     for (what, f) in rows {
         let (x, y) = (f(&plugins[0]), f(&plugins[1]));
         let cells: Vec<String> =
             [x, y].iter().flat_map(|v| [50.0, 90.0, 99.0].map(|q| format!("{:.3}", percentile(v, q)))).collect();
         println!("| {what} ({} samples each) | {} |", x.len().min(y.len()), cells.join(" | "));
+    }
+    if let Ok(path) = std::env::var("SBS_RAW") {
+        let mut out = String::new();
+        for p in &plugins {
+            for (what, f) in rows {
+                for (i, d) in f(p).iter().enumerate() {
+                    out.push_str(&format!("{}\t{what}\t{i}\t{}\n", p.label, d.as_micros()));
+                }
+            }
+        }
+        std::fs::write(&path, out).expect("write SBS_RAW");
     }
 }
