@@ -17,6 +17,16 @@
 //! 1 MiB decoded (references to the dynamic table make a small block decode to a large
 //! list); a larger one closes the connection.
 //!
+//! Only a connection that needs it is rewritten. Its first header block is decoded and
+//! checked; when its `:authority` is valid (the kubelet's DRA connection sends
+//! `localhost`), the block goes on as the client sent it and so does everything after it,
+//! unparsed: the server's HPACK table is then the client's own. Decoding every block
+//! (Huffman strings, above all) was a third of the CPU time of a call answered from state.
+//! A client keeps one authority for the life of a connection (grpc-go and tonic take it
+//! from the dial target), so a connection that began valid stays valid; one that did not
+//! would meet the server's own check, as without this adapter. A connection whose first
+//! block needed the fix has every block re-encoded, as above.
+//!
 //! Table sizes: the client's encoder is bounded by the server's
 //! `SETTINGS_HEADER_TABLE_SIZE`; tonic never changes it from the protocol default of
 //! 4096 bytes, so the decoder allows at most that and the encoder (which never emits
@@ -132,12 +142,26 @@ enum State {
     BlockPayload(FrameHeader),
 }
 
+/// What the rewriter does with a connection's header blocks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// No header block has ended yet: the first one decides.
+    Undecided,
+    /// The first block needed the fix: every block is decoded and re-encoded.
+    Rewriting,
+    /// The first block needed no fix: everything passes through unparsed.
+    Transparent,
+}
+
 /// The incoming-direction rewriter: bytes in, rewritten bytes out. Pure (no I/O), so the
 /// framing and HPACK handling are tested directly.
 pub struct Rewriter {
+    mode: Mode,
     state: State,
     pending: Vec<u8>,
     block: Option<Block>,
+    /// The frames of the first header block as they came (while [`Mode::Undecided`]).
+    raw: Vec<u8>,
     decoder: Decoder<'static>,
     encoder: Encoder<'static>,
     replaced: u64,
@@ -157,9 +181,11 @@ impl Rewriter {
         let mut encoder = Encoder::new();
         encoder.set_max_table_size(HPACK_TABLE_SIZE);
         Rewriter {
+            mode: Mode::Undecided,
             state: State::Preface(PREFACE.len()),
             pending: Vec::new(),
             block: None,
+            raw: Vec::new(),
             decoder,
             encoder,
             replaced: 0,
@@ -171,11 +197,21 @@ impl Rewriter {
         self.replaced
     }
 
+    /// Whether the connection's first header block needed no fix, so that every byte from
+    /// here on passes through as it is (and [`Rewriter::feed`] only copies).
+    pub fn is_transparent(&self) -> bool {
+        self.mode == Mode::Transparent
+    }
+
     /// Consumes `input` (any split of the stream) and appends what the server should
     /// read to `out`. Incomplete frame headers and header blocks are kept for the next
     /// call.
     pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), RewriteError> {
         while !input.is_empty() {
+            if self.mode == Mode::Transparent {
+                out.extend_from_slice(input);
+                return Ok(());
+            }
             match self.state {
                 State::Preface(left) | State::Passthrough(left) => {
                     let take = left.min(input.len());
@@ -202,6 +238,9 @@ impl Rewriter {
                     }
                     let payload = std::mem::take(&mut self.pending);
                     self.state = State::FrameHeader;
+                    if self.mode == Mode::Undecided {
+                        self.raw.extend_from_slice(&payload);
+                    }
                     self.block_frame(header, &payload, out)?;
                 }
             }
@@ -229,6 +268,9 @@ impl Rewriter {
         if header.kind == TYPE_HEADERS || header.kind == TYPE_CONTINUATION {
             if header.len > MAX_HEADER_BLOCK {
                 return Err(RewriteError::BlockTooLarge { stream: header.stream });
+            }
+            if self.mode == Mode::Undecided {
+                self.raw.extend_from_slice(&self.pending);
             }
             self.pending.clear();
             self.state = State::BlockPayload(header);
@@ -289,16 +331,28 @@ impl Rewriter {
         if list_size > MAX_HEADER_LIST {
             return Err(RewriteError::HeaderListTooLarge { stream });
         }
-        for (name, value) in &mut headers {
-            if name.as_slice() == b":authority" && http::uri::Authority::try_from(value.as_slice()).is_err() {
-                tracing::debug!(
-                    stream,
-                    authority = %String::from_utf8_lossy(value),
-                    "replacing an :authority the HTTP/2 server would reject with localhost"
-                );
-                *value = REPLACEMENT_AUTHORITY.to_vec();
-                self.replaced += 1;
+        let is_invalid = |(name, value): &(Vec<u8>, Vec<u8>)| {
+            name == b":authority" && http::uri::Authority::try_from(value.as_slice()).is_err()
+        };
+        if self.mode == Mode::Undecided {
+            let raw = std::mem::take(&mut self.raw);
+            if !headers.iter().any(is_invalid) {
+                // The server decodes the client's own bytes, so its table is the client's
+                // and nothing after this needs to be looked at.
+                out.extend_from_slice(&raw);
+                self.mode = Mode::Transparent;
+                return Ok(());
             }
+            self.mode = Mode::Rewriting;
+        }
+        for header in headers.iter_mut().filter(|h| is_invalid(h)) {
+            tracing::debug!(
+                stream,
+                authority = %String::from_utf8_lossy(&header.1),
+                "replacing an :authority the HTTP/2 server would reject with localhost"
+            );
+            header.1 = REPLACEMENT_AUTHORITY.to_vec();
+            self.replaced += 1;
         }
         let mut encoded = Vec::with_capacity(block.fragment.len() + 16);
         self.encoder
@@ -391,6 +445,15 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
+            if this.out_pos == this.out.len() && this.rewriter.is_transparent() {
+                // Nothing left to look at: read straight into the caller's buffer.
+                if !this.scratch.is_empty() {
+                    this.scratch = Vec::new();
+                    this.out = Vec::new();
+                    this.out_pos = 0;
+                }
+                return Pin::new(&mut this.inner).poll_read(cx, buf);
+            }
             if this.out_pos < this.out.len() {
                 let n = buf.remaining().min(this.out.len() - this.out_pos);
                 buf.put_slice(&this.out[this.out_pos..this.out_pos + n]);

@@ -330,3 +330,67 @@ async fn the_stream_adapter_rewrites_reads_and_passes_writes() {
     client_read.read_exact(&mut back).await.expect("read back");
     assert_eq!(&back, b"server bytes are untouched");
 }
+
+#[test]
+fn a_connection_whose_first_request_is_valid_passes_through_untouched() {
+    // After a first request with a valid authority nothing is parsed any more: a later
+    // block is not rewritten, and not even decoded (the last one is not valid HPACK).
+    let mut encoder = Encoder::new();
+    let mut first_payload = vec![2]; // pad length
+    first_payload.extend([0, 0, 0, 0, 16]); // priority fields
+    first_payload.extend(encode(&mut encoder, &request_headers(b"localhost")));
+    first_payload.extend([0, 0]);
+    let mut input = PREFACE.to_vec();
+    input.extend(frame(0x4, 0, 0, &[0, 3, 0, 0, 0, 100])); // SETTINGS
+    input.extend(frame(TYPE_HEADERS, FLAG_PADDED | FLAG_PRIORITY | FLAG_END_HEADERS, 1, &first_payload));
+    input.extend(frame(0x0, FLAG_END_STREAM, 1, &[0, 0, 0, 0, 0]));
+    input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 3, &encode(&mut encoder, &request_headers(ENCODED_PATH))));
+    input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 5, &[0xff, 0x7f]));
+    for chunk in [1, 7, 9, 64, input.len()] {
+        let mut rewriter = Rewriter::new();
+        let mut out = Vec::new();
+        for piece in input.chunks(chunk) {
+            rewriter.feed(piece, &mut out).expect("nothing after the first request is parsed");
+        }
+        assert_eq!(out, input, "chunk size {chunk}");
+        assert!(rewriter.is_transparent());
+        assert_eq!(rewriter.replaced(), 0);
+    }
+}
+
+#[test]
+fn a_connection_whose_first_request_needed_the_fix_is_rewritten_throughout() {
+    let mut client = Encoder::new();
+    let sent = [ENCODED_PATH, b"localhost", RAW_PATH, b"example.com:8080"];
+    let blocks: Vec<_> = sent.iter().map(|a| encode(&mut client, &request_headers(a))).collect();
+    let mut rewriter = Rewriter::new();
+    let mut out = Vec::new();
+    rewriter.feed(&client_stream(&blocks), &mut out).expect("rewrite");
+    assert!(!rewriter.is_transparent());
+    assert_eq!(rewriter.replaced(), 2);
+    let got: Vec<_> =
+        server_blocks(&frames(&out), &mut Decoder::new()).iter().map(|h| authority_of(h).to_vec()).collect();
+    assert_eq!(got, [b"localhost" as &[u8], b"localhost", b"localhost", b"example.com:8080"]);
+}
+
+#[tokio::test]
+async fn the_stream_adapter_reads_a_valid_connection_as_it_came() {
+    let (client, server) = tokio::io::duplex(64);
+    let mut encoder = Encoder::new();
+    let blocks: Vec<_> = (0..3).map(|_| encode(&mut encoder, &request_headers(b"localhost"))).collect();
+    let input = client_stream(&blocks);
+    let sent = input.clone();
+    let mut fixed = AuthorityFix::new(server);
+    let (_client_read, mut client_write) = tokio::io::split(client);
+    let writer = tokio::spawn(async move {
+        for piece in sent.chunks(13) {
+            client_write.write_all(piece).await.expect("write");
+        }
+        client_write.shutdown().await.expect("shutdown");
+    });
+    let mut got = Vec::new();
+    fixed.read_to_end(&mut got).await.expect("read");
+    writer.await.expect("writer");
+    assert_eq!(got, input);
+    assert_eq!(fixed.replaced(), 0);
+}
