@@ -6,7 +6,10 @@
 //! a claim without UID or a UID listed twice fails the whole call with `InvalidArgument`;
 //! a claim without namespace or name gets a per-claim error; every requested UID is in
 //! the answer, even if the handler missed one. Each call runs in a span with a sequential
-//! request id; its outcome and latency are logged and reported to the [`CallObserver`].
+//! request id; its outcome and latency are reported to the [`CallObserver`] (the metrics)
+//! and logged at debug level: a call answered from state (every restart of a pod's
+//! containers) writes no log line, and each claim prepared, released or failed is logged
+//! at INFO or WARN where it happens.
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
@@ -107,7 +110,9 @@ impl<H: DraHandler> DraCalls<H> {
                 }
             }
             let latency_ms = started.elapsed().as_secs_f64() * 1e3;
-            tracing::info!(failed, latency_ms, "DRA call finished");
+            // Each claim's outcome is logged where it happens (INFO: prepared, released;
+            // WARN: failed); this line per call is for following the kubelet's calls.
+            tracing::debug!(failed, latency_ms, "DRA call finished");
             Ok(outcomes)
         }
         .instrument(span)

@@ -821,7 +821,9 @@ impl Preparer {
             }
             self.inner.claims.prepared(&claim);
             match self.asked_for(&claim.uid) {
-                true => tracing::debug!(claim.uid = %rec.uid, "claim prepared early; answered from state"),
+                true => {
+                    tracing::info!(claim.uid = %rec.uid, "the kubelet asked for a claim prepared early; answered from state")
+                }
                 false => tracing::debug!(claim.uid = %rec.uid, "claim already prepared; answered from state"),
             }
             return Ok(answer(&rec));

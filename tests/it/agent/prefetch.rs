@@ -239,6 +239,8 @@ async fn a_bound_pods_claim_is_prepared_before_the_kubelet_asks_and_released_if_
     let ids = prepare_ok(&mut v1, &asked).await;
     assert_eq!(ids, [format!("k8s.{DRIVER}/claim={}-gpu-0", asked.uid)]);
     assert_eq!(cluster.server.with_state(|s| gets_of(s, "asked", mark)), 0, "no GET");
+    let handed = "the kubelet asked for a claim prepared early; answered from state";
+    assert_eq!(logs.text().lines().filter(|l| l.contains(handed) && l.contains(&asked.uid)).count(), 1);
 
     // Bound, prepared early, then deleted before the kubelet asked: released, GPU free.
     let gone = scheduled_claim(&cluster, "gone", "gpu-1", "pod-gone");

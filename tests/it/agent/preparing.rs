@@ -8,7 +8,7 @@ use edra::plugin::ClaimRef;
 use edra::plugin::proto::dra_v1beta1 as v1beta1;
 use serde_json::{Value, json};
 
-use crate::support::agent::{Agent, Cluster, DRIVER, NODE, prepare, prepare_ok, unprepare_ok};
+use crate::support::agent::{Agent, CapturedLogs, Cluster, DRIVER, NODE, prepare, prepare_ok, unprepare_ok};
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
 use crate::support::kubelet;
 
@@ -66,6 +66,40 @@ async fn prepare_and_unprepare_over_v1_and_v1beta1() {
         .into_inner();
     assert_eq!(answer.claims[&b.uid].error, "");
     assert!(fs.spec_files().is_empty());
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn the_log_tells_a_claims_story_once_and_calls_answered_from_state_write_nothing() {
+    let cluster = Cluster::start().await;
+    let (logs, _guard) = CapturedLogs::start_at("info,edra::plugin::dra=debug");
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    let a = cluster.allocated_claim("a", "gpu-0");
+    let mut v1 = agent.v1().await;
+    // The lines about claims and calls, from INFO up.
+    let told = || -> Vec<String> {
+        logs.text()
+            .lines()
+            .filter(|l| !l.contains(" DEBUG ") && (l.contains("edra::prepare") || l.contains("edra::plugin")))
+            .map(str::to_string)
+            .collect()
+    };
+    let ids = prepare_ok(&mut v1, &a).await;
+    let prepared = told();
+    for _ in 0..3 {
+        assert_eq!(prepare_ok(&mut v1, &a).await, ids);
+    }
+    assert_eq!(told(), prepared, "a prepare answered from state adds nothing from INFO up");
+    unprepare_ok(&mut v1, &a).await;
+    let text = logs.text();
+    let story: Vec<&str> = text.lines().filter(|l| l.contains(&a.uid) && l.contains(" INFO ")).collect();
+    assert_eq!(story.len(), 2, "{text}");
+    assert!(story[0].contains("edra::prepare: claim prepared"), "{}", story[0]);
+    assert!(story[1].contains("edra::prepare: claim unprepared"), "{}", story[1]);
+    // Each call is still there for whoever follows the kubelet's calls at debug level.
+    let calls: Vec<&str> = text.lines().filter(|l| l.contains("DRA call finished")).collect();
+    assert_eq!(calls.len(), 5, "{text}");
+    assert!(calls.iter().all(|l| l.contains(" DEBUG ") && l.contains("latency_ms=")), "{calls:?}");
     agent.stop().await;
 }
 
