@@ -305,14 +305,15 @@ fn random_input_never_panics() {
     }
 }
 
-#[tokio::test]
-async fn the_stream_adapter_rewrites_reads_and_passes_writes() {
+type Duplex = tokio::io::DuplexStream;
+
+/// Writes `input` in 13-byte pieces into a stream wrapped in [`AuthorityFix`] and reads
+/// it all back through the adapter; returns what was read, the adapter and the client's
+/// reading half (for what the server writes).
+async fn read_through_adapter(input: Vec<u8>) -> (Vec<u8>, AuthorityFix<Duplex>, tokio::io::ReadHalf<Duplex>) {
     let (client, server) = tokio::io::duplex(64);
-    let block = encode(&mut Encoder::new(), &request_headers(ENCODED_PATH));
-    let input = client_stream(&[block]);
-    let (expected, _) = rewrite(&input).expect("rewrite");
     let mut fixed = AuthorityFix::new(server);
-    let (mut client_read, mut client_write) = tokio::io::split(client);
+    let (client_read, mut client_write) = tokio::io::split(client);
     let writer = tokio::spawn(async move {
         for piece in input.chunks(13) {
             client_write.write_all(piece).await.expect("write");
@@ -322,6 +323,15 @@ async fn the_stream_adapter_rewrites_reads_and_passes_writes() {
     let mut got = Vec::new();
     fixed.read_to_end(&mut got).await.expect("read");
     writer.await.expect("writer");
+    (got, fixed, client_read)
+}
+
+#[tokio::test]
+async fn the_stream_adapter_rewrites_reads_and_passes_writes() {
+    let block = encode(&mut Encoder::new(), &request_headers(ENCODED_PATH));
+    let input = client_stream(&[block]);
+    let (expected, _) = rewrite(&input).expect("rewrite");
+    let (got, mut fixed, mut client_read) = read_through_adapter(input).await;
     assert_eq!(got, expected);
     assert_eq!(fixed.replaced(), 1);
     fixed.write_all(b"server bytes are untouched").await.expect("write");
@@ -375,22 +385,10 @@ fn a_connection_whose_first_request_needed_the_fix_is_rewritten_throughout() {
 
 #[tokio::test]
 async fn the_stream_adapter_reads_a_valid_connection_as_it_came() {
-    let (client, server) = tokio::io::duplex(64);
     let mut encoder = Encoder::new();
     let blocks: Vec<_> = (0..3).map(|_| encode(&mut encoder, &request_headers(b"localhost"))).collect();
     let input = client_stream(&blocks);
-    let sent = input.clone();
-    let mut fixed = AuthorityFix::new(server);
-    let (_client_read, mut client_write) = tokio::io::split(client);
-    let writer = tokio::spawn(async move {
-        for piece in sent.chunks(13) {
-            client_write.write_all(piece).await.expect("write");
-        }
-        client_write.shutdown().await.expect("shutdown");
-    });
-    let mut got = Vec::new();
-    fixed.read_to_end(&mut got).await.expect("read");
-    writer.await.expect("writer");
+    let (got, fixed, _client_read) = read_through_adapter(input.clone()).await;
     assert_eq!(got, input);
     assert_eq!(fixed.replaced(), 0);
 }
