@@ -11,6 +11,15 @@ fn spec_path(f: &Fixture, uid: &str) -> PathBuf {
     f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{uid}.json"))
 }
 
+/// A fixture where claim c1 holds gpu-0, prepared, and claim c2 (not prepared) wants it.
+async fn gpu0_prepared_for_c1_and_wanted_by_c2() -> Fixture {
+    let f = Fixture::new();
+    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    f
+}
+
 /// The text of every event logged on this thread while the guard lives.
 struct Logs(Arc<Mutex<Vec<u8>>>);
 
@@ -105,10 +114,7 @@ async fn a_holder_gone_from_the_api_server_is_released_for_the_claim_that_needs_
 
 #[tokio::test]
 async fn a_holder_still_reserved_refuses_the_claim_and_is_named() {
-    let f = Fixture::new();
-    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
-    f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
-    ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    let f = gpu0_prepared_for_c1_and_wanted_by_c2().await;
     let e = err(&f.preparer.prepare(vec![cref(UID2, "c2")]).await, UID2);
     assert!(e.contains(&format!("device gpu-0 is already prepared for claim ns/c1, UID {UID1}")), "{e}");
     assert!(
@@ -121,10 +127,7 @@ async fn a_holder_still_reserved_refuses_the_claim_and_is_named() {
 
 #[tokio::test]
 async fn a_refusal_means_gone_only_to_a_node_identity() {
-    let f = Fixture::new();
-    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
-    f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
-    ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    let f = gpu0_prepared_for_c1_and_wanted_by_c2().await;
     f.claims.delete("ns", "c1");
     f.claims.refuse_missing.store(true, Ordering::SeqCst);
     // Who edra is was not learned yet: a refusal says nothing.
@@ -165,10 +168,7 @@ async fn holdings_left_by_a_release_a_crash_cut_short_are_dropped_at_recovery() 
 
 #[tokio::test]
 async fn a_holder_whose_lock_stays_taken_is_kept_and_named_after_the_wait() {
-    let f = Fixture::new();
-    f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
-    f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
-    ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
+    let f = gpu0_prepared_for_c1_and_wanted_by_c2().await;
     f.claims.delete("ns", "c1");
     // c1 is being unprepared right now (say nvidia-smi hangs): its lock stays taken.
     let busy = f.preparer.inner.locks.lock(UID1).await;
