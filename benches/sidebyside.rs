@@ -13,7 +13,9 @@
 //! - `SBS_ROUNDS` (200): claims per plugin; `SBS_DELAY_MS` (20): how long after its pod is
 //!   bound a claim's prepare is sent (the kubelet calls after it has seen and admitted the
 //!   pod); `SBS_REPEATS` (1): repeated prepares timed per claim (more samples for their
-//!   tail; the kubelet repeats a prepare at every restart of a pod's containers);
+//!   tail; the kubelet repeats a prepare at every restart of a pod's containers; with
+//!   more than one, the table also splits them into the first of each claim, sent right
+//!   after the first-time call, and the others);
 //!   `SBS_RAW`: a file to write every sample to, one per line (plugin, operation, index,
 //!   microseconds), for looking at a tail sample by sample.
 //!
@@ -46,6 +48,10 @@ struct Plugin {
     class: String,
     first: Vec<Duration>,
     repeat: Vec<Duration>,
+    /// The first repeated prepare of each claim (right after the first-time call).
+    repeat_first: Vec<Duration>,
+    /// The other repeated prepares (after a repeated one).
+    repeat_rest: Vec<Duration>,
     release: Vec<Duration>,
     /// NodePrepareResources with no claims: the plugin's gRPC stack and nothing else.
     empty: Vec<Duration>,
@@ -119,6 +125,8 @@ fn parse_plugin(var: &str) -> Option<Plugin> {
         class: parts.next()?.to_string(),
         first: Vec::new(),
         repeat: Vec::new(),
+        repeat_first: Vec::new(),
+        repeat_rest: Vec::new(),
         release: Vec::new(),
         empty: Vec::new(),
     })
@@ -179,6 +187,8 @@ async fn main() {
             let release = t.elapsed();
             if round >= warmup {
                 p.first.push(first);
+                p.repeat_first.extend(repeat.first());
+                p.repeat_rest.extend(repeat.iter().skip(1));
                 p.repeat.extend(repeat);
                 p.release.push(release);
             }
@@ -212,13 +222,19 @@ async fn main() {
     let (a, b) = (&plugins[0].label, &plugins[1].label);
     println!("| operation (ms) | {a} p50 | {a} p90 | {a} p99 | {b} p50 | {b} p90 | {b} p99 |");
     println!("|---|---|---|---|---|---|---|");
-    let rows: [Row; 4] = [
+    let mut rows: Vec<Row> = vec![
         ("prepare, first time", |p| &p.first),
         ("prepare, repeated", |p| &p.repeat),
         ("unprepare", |p| &p.release),
         ("call with no claims", |p| &p.empty),
     ];
-    for (what, f) in rows {
+    if repeats > 1 {
+        // Where a repeated prepare's tail comes from: the call right after the first-time
+        // one (the first after the pause before it) or one after another repeated call.
+        rows.insert(2, ("  repeated, first of each claim", |p| &p.repeat_first));
+        rows.insert(3, ("  repeated, the others", |p| &p.repeat_rest));
+    }
+    for &(what, f) in &rows {
         let (x, y) = (f(&plugins[0]), f(&plugins[1]));
         let cells: Vec<String> =
             [x, y].iter().flat_map(|v| [50.0, 90.0, 99.0].map(|q| format!("{:.3}", percentile(v, q)))).collect();
@@ -227,7 +243,7 @@ async fn main() {
     if let Ok(path) = std::env::var("SBS_RAW") {
         let mut out = String::new();
         for p in &plugins {
-            for (what, f) in rows {
+            for &(what, f) in &rows {
                 for (i, d) in f(p).iter().enumerate() {
                     out.push_str(&format!("{}\t{what}\t{i}\t{}\n", p.label, d.as_micros()));
                 }
