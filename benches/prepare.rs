@@ -765,8 +765,8 @@ async fn pod_starts_table() {
         );
     }
     println!();
-    burst_of_pods(LEADS[0], true).await;
-    burst_of_pods(Duration::from_millis(50), true).await;
+    burst_of_pods(LEADS[0]).await.print();
+    burst_of_pods(Duration::from_millis(50)).await.print();
 }
 
 /// The burst of 50 pod starts (calls 5 ms after binding), [`BURSTS`] times: one burst is one
@@ -775,7 +775,7 @@ async fn bursts() {
     const BURSTS: usize = 10;
     let mut all = Vec::with_capacity(BURSTS);
     for _ in 0..BURSTS {
-        all.push(burst_of_pods(LEADS[0], false).await);
+        all.push(burst_of_pods(LEADS[0]).await.all);
     }
     let shown: Vec<String> = all.iter().map(|d| format!("{:.1}", ms(*d))).collect();
     all.sort();
@@ -788,15 +788,44 @@ async fn bursts() {
     println!("min {:.1}, median {median:.1}, max {:.1} ms", ms(all[0]), ms(all[BURSTS - 1]));
 }
 
+/// Pods started at once in [`burst_of_pods`].
+const BURST_PODS: usize = 50;
+
+/// What one burst of pod starts measured.
+struct Burst {
+    /// How long after their pods were bound the kubelet's calls began.
+    lead: Duration,
+    /// Each call's latency.
+    each: Samples,
+    /// From the first call to the last answer.
+    all: Duration,
+    /// GETs of the claims, and how many of them were answered after the calls began.
+    gets: usize,
+    late: usize,
+}
+
+impl Burst {
+    fn print(&self) {
+        println!("## A burst of {BURST_PODS} pod starts with prefetch, default client settings (qps 100, burst 200)\n");
+        println!("{}", latency_header());
+        println!("{}", self.each.row(&format!("prepare, 50 concurrent calls {} ms after bind", self.lead.as_millis())));
+        println!();
+        println!(
+            "all {BURST_PODS} prepared after {:.1} ms; GETs of the claims: {}, answered after the calls began: {}\n",
+            ms(self.all),
+            self.gets,
+            self.late
+        );
+    }
+}
+
 /// The burst of 50 pod starts with `claims.prefetch` at edra's default client settings: 50
-/// pods bound at once, the kubelet's 50 concurrent calls `lead` later. Prints its table when
-/// `print`; returns how long after the first call the last was answered.
-async fn burst_of_pods(lead: Duration, print: bool) -> Duration {
-    const PODS: usize = 50;
-    let (site, agent, client) = ready_site(PODS as u32, None, Layout::Production).await;
-    let claims: Vec<v1::Claim> = (0..PODS).map(|k| site.claim(&format!("p{k}"), &[format!("gpu-{k}")])).collect();
+/// pods bound at once, the kubelet's 50 concurrent calls `lead` later.
+async fn burst_of_pods(lead: Duration) -> Burst {
+    let (site, agent, client) = ready_site(BURST_PODS as u32, None, Layout::Production).await;
+    let claims: Vec<v1::Claim> = (0..BURST_PODS).map(|k| site.claim(&format!("p{k}"), &[format!("gpu-{k}")])).collect();
     let mark = site.server.request_mark();
-    for k in 0..PODS {
+    for k in 0..BURST_PODS {
         site.bind_pod(&format!("p{k}"), &format!("p{k}"));
     }
     tokio::time::sleep(lead).await;
@@ -807,16 +836,5 @@ async fn burst_of_pods(lead: Duration, print: bool) -> Duration {
     let late =
         site.server.requests().iter().skip(mark).filter(|r| r.verb == "get" && r.at + r.duration >= start).count();
     agent.stop();
-    if !print {
-        return all;
-    }
-    println!("## A burst of {PODS} pod starts with prefetch, default client settings (qps 100, burst 200)\n");
-    println!("{}", latency_header());
-    println!("{}", each.row(&format!("prepare, 50 concurrent calls {} ms after bind", lead.as_millis())));
-    println!();
-    println!(
-        "all {PODS} prepared after {:.1} ms; GETs of the claims: {gets}, answered after the calls began: {late}\n",
-        ms(all)
-    );
-    all
+    Burst { lead, each, all, gets, late }
 }

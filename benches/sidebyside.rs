@@ -48,10 +48,6 @@ struct Plugin {
     class: String,
     first: Vec<Duration>,
     repeat: Vec<Duration>,
-    /// The first repeated prepare of each claim (right after the first-time call).
-    repeat_first: Vec<Duration>,
-    /// The other repeated prepares (after a repeated one).
-    repeat_rest: Vec<Duration>,
     release: Vec<Duration>,
     /// NodePrepareResources with no claims: the plugin's gRPC stack and nothing else.
     empty: Vec<Duration>,
@@ -125,8 +121,6 @@ fn parse_plugin(var: &str) -> Option<Plugin> {
         class: parts.next()?.to_string(),
         first: Vec::new(),
         repeat: Vec::new(),
-        repeat_first: Vec::new(),
-        repeat_rest: Vec::new(),
         release: Vec::new(),
         empty: Vec::new(),
     })
@@ -187,8 +181,6 @@ async fn main() {
             let release = t.elapsed();
             if round >= warmup {
                 p.first.push(first);
-                p.repeat_first.extend(repeat.first());
-                p.repeat_rest.extend(repeat.iter().skip(1));
                 p.repeat.extend(repeat);
                 p.release.push(release);
             }
@@ -222,28 +214,29 @@ async fn main() {
     let (a, b) = (&plugins[0].label, &plugins[1].label);
     println!("| operation (ms) | {a} p50 | {a} p90 | {a} p99 | {b} p50 | {b} p90 | {b} p99 |");
     println!("|---|---|---|---|---|---|---|");
-    let mut rows: Vec<Row> = vec![
+    let rows: [Row; 4] = [
         ("prepare, first time", |p| &p.first),
         ("prepare, repeated", |p| &p.repeat),
         ("unprepare", |p| &p.release),
         ("call with no claims", |p| &p.empty),
     ];
-    if repeats > 1 {
-        // Where a repeated prepare's tail comes from: the call right after the first-time
-        // one (the first after the pause before it) or one after another repeated call.
-        rows.insert(2, ("  repeated, first of each claim", |p| &p.repeat_first));
-        rows.insert(3, ("  repeated, the others", |p| &p.repeat_rest));
-    }
-    for &(what, f) in &rows {
-        let (x, y) = (f(&plugins[0]), f(&plugins[1]));
-        let cells: Vec<String> =
-            [x, y].iter().flat_map(|v| [50.0, 90.0, 99.0].map(|q| format!("{:.3}", percentile(v, q)))).collect();
-        println!("| {what} ({} samples each) | {} |", x.len().min(y.len()), cells.join(" | "));
+    for (what, f) in rows {
+        print_row(what, f(&plugins[0]), f(&plugins[1]));
+        if what == "prepare, repeated" && repeats > 1 {
+            // Where a repeated prepare's tail comes from: the call right after the
+            // first-time one (the first after the pause before it) or one after another
+            // repeated call. Each claim's repeats are `repeats` samples in a row.
+            let part = |p: &Plugin, first: bool| -> Vec<Duration> {
+                p.repeat.chunks(repeats).flat_map(|c| if first { &c[..1] } else { &c[1..] }).copied().collect()
+            };
+            print_row("  repeated, first of each claim", &part(&plugins[0], true), &part(&plugins[1], true));
+            print_row("  repeated, the others", &part(&plugins[0], false), &part(&plugins[1], false));
+        }
     }
     if let Ok(path) = std::env::var("SBS_RAW") {
         let mut out = String::new();
         for p in &plugins {
-            for &(what, f) in &rows {
+            for (what, f) in rows {
                 for (i, d) in f(p).iter().enumerate() {
                     out.push_str(&format!("{}\t{what}\t{i}\t{}\n", p.label, d.as_micros()));
                 }
@@ -251,4 +244,11 @@ async fn main() {
         }
         std::fs::write(&path, out).expect("write SBS_RAW");
     }
+}
+
+/// One line of the table: p50, p90 and p99 of each plugin's samples.
+fn print_row(what: &str, x: &[Duration], y: &[Duration]) {
+    let cells: Vec<String> =
+        [x, y].iter().flat_map(|v| [50.0, 90.0, 99.0].map(|q| format!("{:.3}", percentile(v, q)))).collect();
+    println!("| {what} ({} samples each) | {} |", x.len().min(y.len()), cells.join(" | "));
 }
