@@ -2,10 +2,13 @@
 //! the disk, and a record that a crash brought back (or a claim deleted while the node was
 //! down) does not refuse a later claim of its devices once the API server says it is gone.
 
-use std::sync::Arc;
-
 use super::*;
 use crate::state::tests::as_on_disk;
+use captured_logs::CapturedLogs;
+
+#[allow(dead_code)] // what only the integration tests use
+#[path = "../../tests/it/support/captured_logs.rs"]
+mod captured_logs;
 
 fn spec_path(f: &Fixture, uid: &str) -> PathBuf {
     f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{uid}.json"))
@@ -18,39 +21,6 @@ async fn gpu0_prepared_for_c1_and_wanted_by_c2() -> Fixture {
     f.claims.put(claim(UID2, "c2", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
     ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
     f
-}
-
-/// The text of every event logged on this thread while the guard lives.
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let writer = buffer.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(move || Sink(writer.clone()))
-            .finish();
-        (Logs(buffer), tracing::subscriber::set_default(subscriber))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[tokio::test]
@@ -93,7 +63,7 @@ async fn a_time_sliced_claim_is_still_released_durably() {
 
 #[tokio::test]
 async fn a_holder_gone_from_the_api_server_is_released_for_the_claim_that_needs_its_device() {
-    let (logs, _guard) = Logs::capture();
+    let (logs, _guard) = CapturedLogs::start_at("info");
     let f = Fixture::new();
     f.claims.put(claim(UID1, "c1", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
     ok(&f.preparer.prepare(vec![cref(UID1, "c1")]).await, UID1);
@@ -143,7 +113,7 @@ async fn a_refusal_means_gone_only_to_a_node_identity() {
 #[tokio::test]
 async fn holdings_left_by_a_release_a_crash_cut_short_are_dropped_at_recovery() {
     use super::shares::{SHARE1, fixture, shared_claim};
-    let (logs, _guard) = Logs::capture();
+    let (logs, _guard) = CapturedLogs::start_at("info");
     let f = fixture();
     f.claims.put(shared_claim(UID1, "share", &[("gpu", "gpu-0", SHARE1, "80Gi")], json!([])));
     f.claims.put(claim(UID2, "whole", &[("gpu", DRIVER, NODE, "gpu-1", false)], json!([])));

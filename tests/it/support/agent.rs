@@ -21,6 +21,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+pub use super::captured_logs::CapturedLogs;
+
 use super::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, TestApiServer};
 use super::kubelet;
 use super::layout::{paths_toml, toml_path};
@@ -532,51 +534,5 @@ pub async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     while !f() {
         assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
-/// Log lines captured from the current thread (the test's current-thread runtime runs the
-/// agent's tasks there), for asserting what the agent reports.
-#[derive(Clone, Default)]
-pub struct CapturedLogs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl CapturedLogs {
-    /// Captures `edra` events at `warn` and above on this thread until the guard drops.
-    pub fn start() -> (CapturedLogs, tracing::subscriber::DefaultGuard) {
-        Self::start_at("warn")
-    }
-
-    /// [`CapturedLogs::start`] from `level` up.
-    pub fn start_at(level: &str) -> (CapturedLogs, tracing::subscriber::DefaultGuard) {
-        let logs = CapturedLogs::default();
-        let filter = format!("edra={level}");
-        let subscriber =
-            tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_writer(logs.clone()).finish();
-        let guard = tracing::subscriber::set_default(subscriber);
-        (logs, guard)
-    }
-
-    /// Everything captured so far.
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)).into_owned()
-    }
-}
-
-impl std::io::Write for CapturedLogs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
-    type Writer = CapturedLogs;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
     }
 }

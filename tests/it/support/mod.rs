@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod apiserver;
+pub mod captured_logs;
 pub mod cc;
 pub mod kubelet;
 pub mod layout;
