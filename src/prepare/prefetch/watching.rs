@@ -3,7 +3,9 @@
 //! pods), reconnecting with backoff like the ResourceSlice watch. Only the claim names of
 //! pods that have not started yet are kept. With a [`Preparer`] to stage them, a claim read
 //! early is prepared at once ([`crate::prepare::stage`]), and released again when no pod
-//! of this node waits for it any more before the kubelet asked for it.
+//! of this node waits for it any more before the kubelet asked for it — also when the pod
+//! went while the claim was being read or prepared: each early preparation that ends is
+//! checked against the pods the watch knows then.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -94,12 +96,26 @@ pub async fn watch_pods(
     let events = client.watch_pods(&selector);
     let mut events = std::pin::pin!(events);
     let mut pods = Pods::default();
-    let mut reads = JoinSet::new();
+    // A read that prepared its claim early returns which claim, to be checked again.
+    let mut reads: JoinSet<Option<(String, String)>> = JoinSet::new();
     let mut last_error: Option<String> = None;
     loop {
         let event = tokio::select! {
             () = stopped(&mut shutdown) => return,
-            Some(_) = reads.join_next(), if !reads.is_empty() => continue,
+            Some(done) = reads.join_next(), if !reads.is_empty() => {
+                // A claim prepared early after its pod went (the pod event arrived while
+                // the claim was read or prepared) is released like one whose pod goes later.
+                if let (Ok(Some((namespace, name))), Some(stager)) = (done, &stager)
+                    && !pods.waits_for(&namespace, &name)
+                {
+                    let stager = stager.clone();
+                    reads.spawn(async move {
+                        unstage(&stager, &namespace, &name).await;
+                        None
+                    });
+                }
+                continue;
+            }
             event = events.next() => event,
         };
         let Some(event) = event else { return };
@@ -135,7 +151,10 @@ pub async fn watch_pods(
             if let Some(stager) = stager.clone()
                 && !pods.waits_for(&namespace, &name)
             {
-                reads.spawn(async move { unstage(&stager, &namespace, &name).await });
+                reads.spawn(async move {
+                    unstage(&stager, &namespace, &name).await;
+                    None
+                });
             }
         }
         for (namespace, name) in changes.fetch {
@@ -148,33 +167,40 @@ pub async fn watch_pods(
             reads.spawn(async move {
                 if let Early::Kept(claim) = p.fetch_early(&namespace, &name).await
                     && let Some(stager) = stager
+                    && stage(&stager, &claim).await
                 {
-                    stage(&stager, &claim).await;
+                    return Some((namespace, name));
                 }
+                None
             });
         }
     }
 }
 
-/// Prepares `claim` early, logging at debug why not.
-async fn stage(stager: &Preparer, claim: &k8s_openapi::api::resource::v1::ResourceClaim) {
+/// Prepares `claim` early, logging at debug why not; returns whether it prepared it now.
+async fn stage(stager: &Preparer, claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> bool {
     let (namespace, name) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref());
     let (namespace, name) = (namespace.unwrap_or_default(), name.unwrap_or_default());
     match stager.stage(claim).await {
-        Ok(Staged::Prepared | Staged::AlreadyPrepared) => {}
+        Ok(Staged::Prepared) => true,
+        Ok(Staged::AlreadyPrepared) => false,
         Ok(Staged::ChangesGpus) => {
             debug!(
                 claim.namespace = namespace,
                 claim.name = name,
                 "claim changes GPU settings; prepared when the kubelet asks"
-            )
+            );
+            false
         }
-        Err(e) => debug!(
-            claim.namespace = namespace,
-            claim.name = name,
-            error = %crate::util::error_chain(&e),
-            "claim not prepared early; the kubelet's call prepares it"
-        ),
+        Err(e) => {
+            debug!(
+                claim.namespace = namespace,
+                claim.name = name,
+                error = %crate::util::error_chain(&e),
+                "claim not prepared early; the kubelet's call prepares it"
+            );
+            false
+        }
     }
 }
 

@@ -270,6 +270,37 @@ async fn a_bound_pods_claim_is_prepared_before_the_kubelet_asks_and_released_if_
 }
 
 #[tokio::test]
+async fn a_claim_whose_pod_goes_while_it_is_read_early_is_released_once_prepared() {
+    let cluster = Cluster::start().await;
+    let (logs, _guard) = CapturedLogs::start_at("info");
+    let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
+    wait_watching_pods(&cluster).await;
+    let fs = cluster.fs();
+    let brief = scheduled_claim(&cluster, "brief", "gpu-0", "pod-brief");
+    cluster.server.inject(
+        Fault::next(1, FaultAction::Delay(Duration::from_millis(500)))
+            .method(http::Method::GET)
+            .path_contains(&claim_path("brief")),
+    );
+    bind_pod(&cluster, "pod-brief", "brief");
+    cluster.server.wait_for("the early read held", WAIT, |s| s.faults.is_empty()).await.expect("the early read");
+    // The pod goes while its claim is being read; the read then prepares the claim.
+    cluster.server.delete_pod(NS, "pod-brief").expect("the pod existed");
+    wait_until("the claim prepared early and released", || {
+        logs.text().contains("released claim default/brief, prepared before the kubelet asked")
+    })
+    .await;
+    assert!(!fs.spec_file(&brief.uid).exists());
+    // gpu-0 is free for the next pod's claim.
+    let next = scheduled_claim(&cluster, "next", "gpu-0", "pod-next");
+    bind_pod(&cluster, "pod-next", "next");
+    wait_until("the next claim prepared early", || fs.spec_file(&next.uid).exists()).await;
+    let mut v1 = agent.v1().await;
+    prepare_ok(&mut v1, &next).await;
+    agent.stop().await;
+}
+
+#[tokio::test]
 async fn with_prepare_early_off_a_read_claim_waits_for_the_kubelet() {
     let cluster = Cluster::start().await;
     let agent = Agent::start(cluster.fs(), without_prepare_early(&cluster)).await;
