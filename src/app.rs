@@ -299,7 +299,8 @@ async fn open_and_recover(
     backend: Arc<dyn DeviceBackend>,
 ) -> Result<Preparer, AppError> {
     let state_dir = config.paths.state_dir.clone();
-    let store = tokio::task::spawn_blocking(move || Store::open(&state_dir))
+    let open = if crate::prepare::failpoint::armed() { Store::open_without_flusher } else { Store::open };
+    let store = tokio::task::spawn_blocking(move || open(&state_dir))
         .await
         .map_err(|e| anyhow::anyhow!("opening the state database failed: {e}"))?
         .map_err(anyhow::Error::new)?;

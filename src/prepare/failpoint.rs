@@ -22,6 +22,18 @@ pub fn hit(name: &str) {
     let _ = name;
 }
 
+/// Whether any failpoint is listed (debug builds only). While one is, the agent opens its
+/// state without sled's background flusher (`Store::open_without_flusher`):
+/// a change kept in memory (a lazy release) is then lost at the failpoint, as a kill -9
+/// right after the change loses it, rather than kept when the flusher happened to run in
+/// between. A crash test sees the one outcome it asserts, not a race.
+pub fn armed() -> bool {
+    #[cfg(debug_assertions)]
+    return std::env::var(ENV).is_ok_and(|list| list.split(',').any(|p| !p.trim().is_empty()));
+    #[cfg(not(debug_assertions))]
+    false
+}
+
 /// The failpoints, in the order a prepare and an unprepare pass them.
 pub const POINTS: [&str; 19] = [
     "prepare-after-mig-intent",

@@ -417,8 +417,8 @@ impl Store {
     }
 
     /// [`Store::open`] without sled's background flusher: a lazy change then reaches the
-    /// disk only with the next durable one (tests only, to see exactly that).
-    #[cfg(test)]
+    /// disk only with the next durable one or [`Store::sync`]. For crash tests, which
+    /// must see exactly that, and an agent with a failpoint armed.
     pub(crate) fn open_without_flusher(dir: &Path) -> Result<Store, StateError> {
         Self::open_flushing(dir, None)
     }
