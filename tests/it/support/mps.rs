@@ -15,12 +15,23 @@ pub struct FakeMpsControl {
 
 /// A running process's start time (clock ticks after boot), from /proc.
 pub fn start_time(pid: u32) -> Option<u64> {
+    stat_field(pid, 19)
+}
+
+/// A running process's parent, from /proc.
+fn parent(pid: u32) -> Option<u64> {
+    stat_field(pid, 1)
+}
+
+/// Field `index` of /proc/<pid>/stat after the command name (0 is the state), if the
+/// process runs (is not a zombie).
+fn stat_field(pid: u32, index: usize) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
     if fields.first() == Some(&"Z") {
         return None;
     }
-    fields.get(19)?.parse().ok()
+    fields.get(index)?.parse().ok()
 }
 
 /// Whether this process runs as root (an MPS daemon's mount namespace needs it).
@@ -51,10 +62,12 @@ impl FakeMpsControl {
 
     /// The stand-in daemons of this script that still run (pids), found in /proc by their
     /// command line: a daemon edra lost track of keeps running after its directories go.
+    /// A daemon's child between its fork and the exec of `sleep` shows the daemon's command
+    /// line too; it is not counted.
     pub fn running_daemons(&self) -> Vec<u32> {
         let script = self.path.as_os_str().as_encoded_bytes();
         let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-        entries
+        let found: Vec<u32> = entries
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
             .filter(|pid| {
@@ -62,7 +75,9 @@ impl FakeMpsControl {
                 let mut args = cmdline.split(|b| *b == 0);
                 args.any(|a| a == script) && cmdline.windows(8).any(|w| w == b"__daemon") && start_time(*pid).is_some()
             })
-            .collect()
+            .collect();
+        let forked = |pid: &u32| parent(*pid).is_some_and(|p| found.iter().any(|f| u64::from(*f) == p));
+        found.iter().copied().filter(|pid| !forked(pid)).collect()
     }
 
     /// The pid in daemon directory `dir`'s pid file, if any.
