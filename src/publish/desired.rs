@@ -151,22 +151,55 @@ pub fn slice_index(name: &str) -> Option<u64> {
 /// driver, node, pool name and slice count, devices, and owner references. Ignores
 /// server-set metadata, `pool.generation` (see [`next_generation`]) and the `timeAdded`
 /// the server fills into taints.
+///
+/// The publisher asks this of every slice at every reconcile, so nothing is copied but
+/// the devices with taints. The spec is taken apart field by field, without `..`: a field
+/// a newer API adds does not compile until it is compared here too.
 pub fn same_content(existing: &ResourceSlice, desired: &ResourceSlice) -> bool {
-    let normalize = |s: &ResourceSlice| {
-        let mut spec = s.spec.clone();
-        spec.pool.generation = 0;
-        for d in spec.devices.iter_mut().flatten() {
-            for t in d.taints.iter_mut().flatten() {
-                t.time_added = None;
-            }
+    let ResourceSliceSpec {
+        all_nodes,
+        devices,
+        driver,
+        node_name,
+        node_selector,
+        partition_type_attribute,
+        per_device_node_selection,
+        pool: ResourcePool { generation: _, name: pool_name, resource_slice_count },
+        shared_counters,
+        skip_node_operations,
+    } = &existing.spec;
+    let d = &desired.spec;
+    let no_devices: &[ApiDevice] = &[];
+    let (mine, wanted) = (devices.as_deref().unwrap_or(no_devices), d.devices.as_deref().unwrap_or(no_devices));
+    *all_nodes == d.all_nodes
+        && *driver == d.driver
+        && *node_name == d.node_name
+        && *node_selector == d.node_selector
+        && *partition_type_attribute == d.partition_type_attribute
+        && *per_device_node_selection == d.per_device_node_selection
+        && *pool_name == d.pool.name
+        && *resource_slice_count == d.pool.resource_slice_count
+        && *shared_counters == d.shared_counters
+        && *skip_node_operations == d.skip_node_operations
+        && mine.len() == wanted.len()
+        && mine.iter().zip(wanted).all(|(a, b)| same_device(a, b))
+        && existing.metadata.owner_references.as_deref().unwrap_or_default()
+            == desired.metadata.owner_references.as_deref().unwrap_or_default()
+}
+
+/// Whether two published devices are the same but for the `timeAdded` of their taints.
+fn same_device(a: &ApiDevice, b: &ApiDevice) -> bool {
+    if a.taints.is_none() && b.taints.is_none() {
+        return a == b;
+    }
+    let untimed = |d: &ApiDevice| {
+        let mut d = d.clone();
+        for t in d.taints.iter_mut().flatten() {
+            t.time_added = None;
         }
-        if spec.devices.as_ref().is_some_and(Vec::is_empty) {
-            spec.devices = None;
-        }
-        spec
+        d
     };
-    let owners = |s: &ResourceSlice| s.metadata.owner_references.clone().unwrap_or_default();
-    normalize(existing) == normalize(desired) && owners(existing) == owners(desired)
+    untimed(a) == untimed(b)
 }
 
 /// The pool generation to publish, as the upstream controller decides it: start from the

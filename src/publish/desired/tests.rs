@@ -187,6 +187,25 @@ fn content_comparison_ignores_server_metadata_and_generation() {
     let mut recount = existing;
     recount.spec.pool.resource_slice_count = 2;
     assert!(!same_content(&recount, &desired));
+    // The server fills in a taint's timeAdded; another taint is another content.
+    let mut tainted = desired.clone();
+    let taint = |t: &mut Vec<_>| {
+        t.push(k8s_openapi::api::resource::v1::DeviceTaint {
+            effect: "NoSchedule".into(),
+            key: "gpu.edra.dev/xid".into(),
+            value: Some("79".into()),
+            time_added: None,
+        })
+    };
+    taint(tainted.spec.devices.as_mut().unwrap()[0].taints.get_or_insert_default());
+    let mut stamped = with_stable_name(tainted.clone());
+    let added = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    stamped.spec.devices.as_mut().unwrap()[0].taints.as_mut().unwrap()[0].time_added =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(added));
+    assert!(same_content(&stamped, &tainted));
+    assert!(!same_content(&stamped, &desired));
+    stamped.spec.devices.as_mut().unwrap()[0].taints.as_mut().unwrap()[0].value = Some("48".into());
+    assert!(!same_content(&stamped, &tainted));
     // An empty slice read back without `devices` equals an empty desired slice.
     let empty = desired_slices(&inventory(0), &node(), "gpu.edra.dev", 1).remove(0);
     let mut read_back = empty.clone();
