@@ -770,22 +770,69 @@ async fn pod_starts_table() {
 }
 
 /// The burst of 50 pod starts (calls 5 ms after binding), [`BURSTS`] times: one burst is one
-/// figure, so its spread shows only over several.
+/// figure, so its spread shows only over several. With `BURST_TIMELINE` set, each burst's
+/// timeline goes to stderr ([`Timeline`]).
 async fn bursts() {
     const BURSTS: usize = 10;
     let mut all = Vec::with_capacity(BURSTS);
+    let mut cpu = Vec::with_capacity(BURSTS);
     for _ in 0..BURSTS {
-        all.push(burst_of_pods(LEADS[0]).await.all);
+        let burst = burst_of_pods(LEADS[0]).await;
+        if std::env::var_os("BURST_TIMELINE").is_some() {
+            eprintln!("{}", burst.timeline);
+        }
+        all.push(ms(burst.all));
+        cpu.push(ms(burst.cpu));
     }
-    let shown: Vec<String> = all.iter().map(|d| format!("{:.1}", ms(*d))).collect();
-    all.sort();
     println!(
         "## {BURSTS} bursts of 50 pod starts with prefetch, calls {} ms after bind, default client settings\n",
         LEADS[0].as_millis()
     );
-    println!("all 50 prepared after (ms, in run order): {}", shown.join(", "));
-    let median = (ms(all[BURSTS / 2 - 1]) + ms(all[BURSTS / 2])) / 2.0;
-    println!("min {:.1}, median {median:.1}, max {:.1} ms", ms(all[0]), ms(all[BURSTS - 1]));
+    for (what, values) in [("all 50 prepared after", all), ("CPU time of the process, bindings to last answer", cpu)] {
+        let shown: Vec<String> = values.iter().map(|v| format!("{v:.1}")).collect();
+        println!("{what} (ms, in run order): {}", shown.join(", "));
+        let (min, median, max) = spread(values);
+        println!("min {min:.1}, median {median:.1}, max {max:.1} ms");
+    }
+}
+
+/// The smallest, median and largest of `values` (not empty).
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n.is_multiple_of(2) { (values[n / 2 - 1] + values[n / 2]) / 2.0 } else { values[n / 2] };
+    (values[0], median, values[n - 1])
+}
+
+/// The CPU time this process has used (every thread: agent, API server and client).
+fn process_cpu() -> Duration {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec to the valid pointer it is given.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
+    Duration::new(t.tv_sec.try_into().unwrap_or(0), t.tv_nsec.try_into().unwrap_or(0))
+}
+
+/// When, in milliseconds after the first pod was bound, each step of a burst happened:
+/// the claims' GETs began and ended (at the API server), their CDI specs were written (the
+/// file's mtime: the claim prepared), and the kubelet's calls were answered.
+struct Timeline {
+    bound: f64,
+    calls: f64,
+    gets: Vec<(f64, f64)>,
+    specs: Vec<f64>,
+    answers: Vec<f64>,
+}
+
+impl std::fmt::Display for Timeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |v: &mut dyn Iterator<Item = f64>| v.map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(" ");
+        writeln!(f, "pods bound by {:.1} ms, calls at {:.1} ms", self.bound, self.calls)?;
+        writeln!(f, "GETs began:    {}", list(&mut self.gets.iter().map(|g| g.0)))?;
+        writeln!(f, "GETs answered: {}", list(&mut self.gets.iter().map(|g| g.1)))?;
+        writeln!(f, "specs written: {}", list(&mut self.specs.iter().copied()))?;
+        write!(f, "calls answered: {}", list(&mut self.answers.iter().copied()))
+    }
 }
 
 /// Pods started at once in [`burst_of_pods`].
@@ -802,6 +849,9 @@ struct Burst {
     /// GETs of the claims, and how many of them were answered after the calls began.
     gets: usize,
     late: usize,
+    /// CPU time of the whole process from the bindings to the last answer.
+    cpu: Duration,
+    timeline: Timeline,
 }
 
 impl Burst {
@@ -825,16 +875,41 @@ async fn burst_of_pods(lead: Duration) -> Burst {
     let (site, agent, client) = ready_site(BURST_PODS as u32, None, Layout::Production).await;
     let claims: Vec<v1::Claim> = (0..BURST_PODS).map(|k| site.claim(&format!("p{k}"), &[format!("gpu-{k}")])).collect();
     let mark = site.server.request_mark();
+    // `perf record --control fifo:<fifo> -D -1` samples the bursts only.
+    let perf = |command: &str| {
+        if let Some(fifo) = std::env::var_os("BURST_PERF_CTL") {
+            std::fs::write(fifo, command).expect("write to the perf control fifo");
+        }
+    };
+    perf("enable\n");
+    let (cpu_before, bind, bind_wall) = (process_cpu(), Instant::now(), std::time::SystemTime::now());
     for k in 0..BURST_PODS {
         site.bind_pod(&format!("p{k}"), &format!("p{k}"));
     }
+    let bound = bind.elapsed();
     tokio::time::sleep(lead).await;
     let start = Instant::now();
     let each = concurrent_prepares(&client, claims).await;
     let all = start.elapsed();
-    let gets = site.server.requests().iter().skip(mark).filter(|r| r.verb == "get").count();
-    let late =
-        site.server.requests().iter().skip(mark).filter(|r| r.verb == "get" && r.at + r.duration >= start).count();
+    let cpu = process_cpu().saturating_sub(cpu_before);
+    perf("disable\n");
+    let after_bind = |i: Instant| ms(i.saturating_duration_since(bind));
+    let claim_gets: Vec<_> = site.server.requests().into_iter().skip(mark).filter(|r| r.verb == "get").collect();
+    let late = claim_gets.iter().filter(|r| r.at + r.duration >= start).count();
+    let mut gets: Vec<(f64, f64)> =
+        claim_gets.iter().map(|r| (after_bind(r.at), after_bind(r.at + r.duration))).collect();
+    gets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut specs: Vec<f64> = std::fs::read_dir(&site.config.paths.cdi_dynamic_dir)
+        .expect("the CDI directory")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("claim_"))
+        .filter_map(|e| e.metadata().ok()?.modified().ok()?.duration_since(bind_wall).ok())
+        .map(ms)
+        .collect();
+    specs.sort_by(f64::total_cmp);
+    let mut answers: Vec<f64> = each.0.iter().map(|d| after_bind(start + *d)).collect();
+    answers.sort_by(f64::total_cmp);
     agent.stop();
-    Burst { lead, each, all, gets, late }
+    let timeline = Timeline { bound: ms(bound), calls: after_bind(start), gets, specs, answers };
+    Burst { lead, each, all, gets: claim_gets.len(), late, cpu, timeline }
 }
