@@ -24,8 +24,7 @@ fn decode<T: DeserializeOwned>(op: &str, body: &Bytes) -> Result<T, Error> {
 }
 
 fn decode_claim(api: ResourceApi, op: &str, body: &Bytes) -> Result<ResourceClaim, Error> {
-    let v: Value = decode(op, body)?;
-    convert::claim_from_wire(api, v).map_err(|e| convert_err(op, e))
+    convert::claim_from_body(api, body).map_err(|e| convert_err(op, e))
 }
 
 pub(super) fn convert_err(op: &str, e: ConvertError) -> Error {

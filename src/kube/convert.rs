@@ -82,6 +82,20 @@ pub fn claim_to_wire(api: ResourceApi, claim: &ResourceClaim) -> Result<Value, C
     Ok(v)
 }
 
+/// [`claim_from_wire`] of a response body. A v1 claim that names its `apiVersion` and
+/// `kind`, as the API server sends it, decodes straight into its struct; any other body
+/// (another version, a claim without them, an error) takes the generic path through a
+/// [`Value`], with the same result.
+pub fn claim_from_body(api: ResourceApi, body: &[u8]) -> Result<ResourceClaim, ConvertError> {
+    if api == ResourceApi::V1
+        && let Ok(claim) = serde_json::from_slice::<ResourceClaim>(body)
+    {
+        return Ok(claim);
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|source| ConvertError::Decode { api, source })?;
+    claim_from_wire(api, v)
+}
+
 /// Wire JSON of `api` as a v1 ResourceClaim.
 pub fn claim_from_wire(api: ResourceApi, mut v: Value) -> Result<ResourceClaim, ConvertError> {
     if !v.is_object() {

@@ -131,6 +131,29 @@ fn claim_conversions_per_version() {
 }
 
 #[test]
+fn a_claims_body_decodes_as_its_value_does() {
+    for api in ResourceApi::PREFERENCE {
+        let mut wire = v1_claim_json();
+        wire["apiVersion"] = api.api_version().into();
+        if api == ResourceApi::V1beta1 {
+            wire["spec"]["devices"]["requests"] = v1beta1_requests();
+        }
+        let body = serde_json::to_vec(&wire).unwrap();
+        assert_eq!(claim_from_body(api, &body).unwrap(), claim_from_wire(api, wire.clone()).unwrap(), "{api}");
+        // Without apiVersion and kind, or with a key twice, the claim still decodes.
+        let mut bare = wire.clone();
+        bare.as_object_mut().unwrap().retain(|k, _| k != "apiVersion" && k != "kind");
+        let body = serde_json::to_vec(&bare).unwrap();
+        assert_eq!(claim_from_body(api, &body).unwrap(), claim_from_wire(api, wire.clone()).unwrap(), "{api}");
+        let text = String::from_utf8(serde_json::to_vec(&wire).unwrap()).unwrap();
+        let twice = text.replacen('{', r#"{"kind":"Other","#, 1);
+        assert_eq!(claim_from_body(api, twice.as_bytes()).unwrap(), claim_from_wire(api, wire).unwrap(), "{api}");
+    }
+    let broken = claim_from_body(ResourceApi::V1, b"{\"metadata\": ");
+    assert!(matches!(broken, Err(ConvertError::Decode { .. })), "{broken:?}");
+}
+
+#[test]
 fn malformed_wire_objects_are_errors_not_panics() {
     assert!(matches!(slice_from_wire(ResourceApi::V1, json!([1])), Err(ConvertError::NotAnObject { .. })));
     let bad = json!({"spec": {"driver": 5, "pool": {}}});
