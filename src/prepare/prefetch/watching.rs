@@ -105,14 +105,8 @@ pub async fn watch_pods(
             Some(done) = reads.join_next(), if !reads.is_empty() => {
                 // A claim prepared early after its pod went (the pod event arrived while
                 // the claim was read or prepared) is released like one whose pod goes later.
-                if let (Ok(Some((namespace, name))), Some(stager)) = (done, &stager)
-                    && !pods.waits_for(&namespace, &name)
-                {
-                    let stager = stager.clone();
-                    reads.spawn(async move {
-                        unstage(&stager, &namespace, &name).await;
-                        None
-                    });
+                if let Ok(Some((namespace, name))) = done {
+                    release_unwaited(&mut reads, stager.as_ref(), &pods, namespace, name);
                 }
                 continue;
             }
@@ -148,14 +142,7 @@ pub async fn watch_pods(
         }
         for (namespace, name) in changes.forget {
             prefetcher.forget(&namespace, &name);
-            if let Some(stager) = stager.clone()
-                && !pods.waits_for(&namespace, &name)
-            {
-                reads.spawn(async move {
-                    unstage(&stager, &namespace, &name).await;
-                    None
-                });
-            }
+            release_unwaited(&mut reads, stager.as_ref(), &pods, namespace, name);
         }
         for (namespace, name) in changes.fetch {
             if reads.len() >= super::CAPACITY {
@@ -201,6 +188,26 @@ async fn stage(stager: &Preparer, claim: &k8s_openapi::api::resource::v1::Resour
             );
             false
         }
+    }
+}
+
+/// With a stager, releases claim `namespace/name` in `reads` unless a starting pod of this
+/// node still waits for it ([`unstage`]: only a claim prepared early and not asked for).
+fn release_unwaited(
+    reads: &mut JoinSet<Option<(String, String)>>,
+    stager: Option<&Preparer>,
+    pods: &Pods,
+    namespace: String,
+    name: String,
+) {
+    if let Some(stager) = stager
+        && !pods.waits_for(&namespace, &name)
+    {
+        let stager = stager.clone();
+        reads.spawn(async move {
+            unstage(&stager, &namespace, &name).await;
+            None
+        });
     }
 }
 
