@@ -20,6 +20,7 @@
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
 //! - [`instance`]: the lock files that keep a second agent off the node.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
+//! - [`failpoint`]: crash points of prepare and unprepare for crash-consistency tests.
 //! - [`util`]: the version and error rendering every layer shares; imports nothing of edra.
 
 pub mod app;
@@ -27,6 +28,7 @@ pub mod cli;
 pub mod config;
 pub mod device_config;
 pub mod doctor;
+pub mod failpoint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gpu;

@@ -25,7 +25,7 @@ pub mod cdi;
 pub mod cdi_validate;
 pub mod config;
 pub mod driver_files;
-pub mod failpoint;
+pub use crate::failpoint;
 pub mod locks;
 pub mod mig;
 pub mod mps;
@@ -802,8 +802,11 @@ impl Preparer {
         // A read of one small record is served from sled's cache in microseconds; doing it
         // here rather than on the blocking pool keeps the repeated prepare of a prepared
         // claim (every pod restart) to one thread hop less.
+        // A completed record that does not hold its devices was cut short by a crash
+        // before it was answered: the claim is prepared again.
         if let Some(rec) = self.inner.store.claim(&claim.uid)?
             && rec.phase == Phase::PrepareCompleted
+            && self.inner.store.holds_devices(&rec)?
         {
             if let Some(lost) = Self::lost_mig(&rec) {
                 return Err(lost);

@@ -1,11 +1,12 @@
 //! Recovery at start, and again after the state store was re-opened: make the state
 //! store, the CDI directory and the node agree again.
 //!
-//! A crash (kill -9, power cut) can leave PrepareStarted records, partly written or
+//! A crash (kill -9, power cut) can leave PrepareStarted records, PrepareCompleted ones
+//! whose devices were not all taken yet (see [`crate::state`]), partly written or
 //! orphaned spec files and GPUs whose compute mode or time-slice edra changed; a reboot
 //! clears the CDI directory under /var/run and the GPUs' settings. Recovery rolls back
-//! PrepareStarted records (spec, GPU settings as the GPU change records say, device
-//! holdings, MPS daemons), keeps PrepareCompleted ones (the kubelet may call prepare again
+//! PrepareStarted records and those cut-short PrepareCompleted ones (spec, GPU settings as
+//! the GPU change records say, device holdings, MPS daemons), keeps the other PrepareCompleted ones (the kubelet may call prepare again
 //! for their pods), sets their GPU settings again, adopts their MPS daemons (or starts
 //! them again) and re-writes their missing specs, stops MPS daemons no claim owns,
 //! removes spec files of edra's kind that no record owns and temp files whose writer is
@@ -114,6 +115,16 @@ impl Preparer {
                 Phase::PrepareStarted => {
                     self.release(&rec.uid)?;
                     tracing::info!(claim.uid = %rec.uid, "rolled back an interrupted prepare");
+                    report.rolled_back.push(rec.uid);
+                }
+                // Recorded, but a crash came before its devices were all taken (and so
+                // before the kubelet was answered): rolled back like a PrepareStarted one.
+                Phase::PrepareCompleted if !store.holds_devices(&rec)? => {
+                    self.release(&rec.uid)?;
+                    tracing::info!(
+                        claim.uid = %rec.uid,
+                        "rolled back a prepare that a crash cut short while its devices were taken"
+                    );
                     report.rolled_back.push(rec.uid);
                 }
                 Phase::PrepareCompleted => {

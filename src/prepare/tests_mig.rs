@@ -334,6 +334,8 @@ async fn mig_crash_child() {
 async fn a_crash_at_every_mig_failpoint_converges() {
     let exe = std::env::current_exe().unwrap();
     let points = failpoint::POINTS.into_iter().filter(|p| !p.contains("-mps-") && !p.contains("timeslice"));
+    // A MIG claim is recorded in a transaction: `prepare-after-record` is not on its way.
+    let points = points.filter(|p| *p != "prepare-after-record");
     for point in points.filter(|p| !p.contains("gpu-recorded") && !p.contains("compute-mode")) {
         let tmp = tempfile::tempdir().unwrap();
         let before = Mig::at(tmp.path());

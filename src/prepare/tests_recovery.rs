@@ -139,9 +139,10 @@ async fn crash_at_every_failpoint_converges() {
     if !with_mps() {
         eprintln!("crash_at_every_failpoint_converges: the MPS failpoints are skipped, an MPS daemon needs root");
     }
-    // The MIG points are passed by MIG claims only (tests_mig).
-    for point in failpoint::POINTS.into_iter().filter(|p| (with_mps() || !p.contains("-mps-")) && !p.contains("-mig-"))
-    {
+    // The MIG points are passed by MIG claims only (tests_mig), `prepare-after-record` by
+    // claims prepared in one step only (tests/it/agent/crash.rs).
+    let points = failpoint::POINTS.into_iter().filter(|p| *p != "prepare-after-record");
+    for point in points.filter(|p| (with_mps() || !p.contains("-mps-")) && !p.contains("-mig-")) {
         let tmp = tempfile::tempdir().unwrap();
         // The GPUs' modes before edra touches them; the modes file outlives the child, as a GPU's state does.
         let before = FileModes::at(tmp.path().join("gpu-modes"));
@@ -316,6 +317,44 @@ async fn a_failed_durability_step_is_never_answered_from_memory() {
     let r = f.preparer.unprepare(vec![cref(UID1, "c"), cref(UID2, "kept")]).await;
     assert!(r.values().all(Result::is_ok), "{r:?}");
     assert!(store.claims().unwrap().is_empty());
+}
+
+/// A claim's first record made without a transaction, cut short by a crash after the
+/// record reached the disk and before its devices were all taken: it was never answered.
+/// A prepare does not answer from it (it prepares the claim again), and recovery rolls it
+/// back, leaving alone the holding of the claim that has the device.
+#[tokio::test]
+async fn a_completed_record_without_its_devices_is_prepared_again_or_rolled_back() {
+    let f = Fixture::new();
+    let store = f.preparer.store().clone();
+    let cut_short = |uid: &str, device: &str| {
+        let rec = ClaimRecord { phase: Phase::PrepareCompleted, ..started_record(&f, uid, device) };
+        store.raw_insert("claims", uid.as_bytes(), &crate::state::record::encode_claim(&rec));
+        f.preparer.write_spec_of(&rec).unwrap();
+    };
+    cut_short(UID1, "gpu-0");
+    f.claims.put(claim(UID1, "c", &[("gpu", DRIVER, NODE, "gpu-0", false)], json!([])));
+    let r = f.preparer.prepare(vec![cref(UID1, "c")]).await;
+    assert!(r[UID1].is_ok(), "{r:?}");
+    assert_eq!(f.claims.fetches.load(Ordering::SeqCst), 1, "not answered from the record");
+    assert_eq!(store.holder("gpu-0").unwrap().as_deref(), Some(UID1), "prepared again, it holds its device");
+    f.preparer.unprepare(vec![cref(UID1, "c")]).await;
+
+    // UID2 holds gpu-1 properly; UID1's record names gpu-0 (free), UID3's gpu-1 (UID2's).
+    cut_short(UID1, "gpu-0");
+    store.put_claim(&ClaimRecord { phase: Phase::PrepareCompleted, ..started_record(&f, UID2, "gpu-1") }).unwrap();
+    f.preparer.write_spec_of(&store.claim(UID2).unwrap().unwrap()).unwrap();
+    cut_short(UID3, "gpu-1");
+    let report = f.preparer.recover().unwrap();
+    let mut rolled_back = vec![UID1, UID3];
+    rolled_back.sort_unstable();
+    assert_eq!(report.rolled_back, rolled_back, "{report:?}");
+    for uid in [UID1, UID3] {
+        assert!(store.claim(uid).unwrap().is_none() && !spec_path(&f, uid).exists(), "{uid}");
+    }
+    assert_eq!(store.holder("gpu-0").unwrap(), None);
+    assert_eq!(store.holder("gpu-1").unwrap().as_deref(), Some(UID2), "UID2's holding is left alone");
+    assert!(spec_path(&f, UID2).exists());
 }
 
 /// Recovery removes only what it can prove stale: a temp file whose writer still runs is

@@ -10,12 +10,14 @@
 //! the call returns: sled 0.34's `flush()` only issues `sync_file_range` on Linux (its
 //! issue #1452), which persists neither metadata nor the disk cache, so each commit is
 //! followed by `fsync` of the database's log file (`db`) and its `conf`; the directory
-//! itself is synced after the files are created. The one exception is
-//! [`Store::remove_claim_lazily`], the release of a claim without hardware side effects:
-//! single-key removals (the record, then its holdings) answered from memory, which sled's
-//! background flusher ([`FLUSH_EVERY_MS`]) or the next durable change writes; a holding
-//! whose claim has no record holds nothing ([`Store::drop_orphaned_holdings`]). Nothing
-//! outside this module knows the store is sled.
+//! itself is synced after the files are created. Claims without hardware side effects
+//! are the exceptions: [`Store::remove_claim_lazily`] releases one with single-key removals
+//! (the record, then its holdings) answered from memory, which sled's background flusher
+//! ([`FLUSH_EVERY_MS`]) or the next durable change writes; a holding whose claim has no
+//! record holds nothing ([`Store::drop_orphaned_holdings`]). And the first record of one
+//! without shares is made with single-key changes (the record, then its holdings), durably
+//! ([`fresh`]); a completed record that does not hold its devices is one a crash cut
+//! short ([`Store::holds_devices`]). Nothing outside this module knows the store is sled.
 //!
 //! **A failed durability step poisons the store.** When a change cannot be made durable
 //! (a full disk, an I/O error), sled's memory may hold what the disk does not, so from then
@@ -25,9 +27,12 @@
 //! disk, proves the disk takes a durable write, and only then lifts the poison; the caller
 //! then runs recovery, which sees exactly what is on disk.
 
+pub mod fresh;
 pub mod record;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_fresh;
 
 use std::fs::{DirBuilder, File};
 use std::io;
@@ -641,11 +646,16 @@ impl Store {
     /// Stores `record` (any phase) and takes its exclusive devices, durably. Fails with
     /// [`StateError::DeviceHeld`] when another claim holds one of them; devices this claim
     /// held under an earlier record and no longer needs are released. A holding whose
-    /// claim has no record (a lazy removal a crash cut short) is taken over.
+    /// claim has no record (a lazy removal a crash cut short) is taken over. A completed
+    /// record without shares, of a claim that has none yet, is recorded without a
+    /// transaction ([`fresh`]).
     pub fn put_claim(&self, record: &ClaimRecord) -> Result<(), StateError> {
         let uid = record.uid.as_bytes();
         let bytes = record::encode_claim(record);
         self.with_db(|db| {
+            if self.put_fresh(db, record, &bytes)? {
+                return Ok(());
+            }
             let result = (&db.claims, &db.devices, &db.shares).transaction(|(claims, devices, shares)| {
                 let holder_name =
                     |holder: &[u8]| -> Result<Option<String>, sled::transaction::UnabortableTransactionError> {

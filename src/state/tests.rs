@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::*;
 use crate::device_config::GpuConfig;
 
-fn device(name: &str, admin: bool) -> DeviceRecord {
+pub(super) fn device(name: &str, admin: bool) -> DeviceRecord {
     DeviceRecord {
         request: "gpu".into(),
         request_names: vec!["gpu".into()],
@@ -21,7 +21,7 @@ fn device(name: &str, admin: bool) -> DeviceRecord {
     }
 }
 
-fn record(uid: &str, devices: Vec<DeviceRecord>) -> ClaimRecord {
+pub(super) fn record(uid: &str, devices: Vec<DeviceRecord>) -> ClaimRecord {
     ClaimRecord {
         schema: SCHEMA_VERSION,
         uid: uid.into(),
@@ -302,7 +302,7 @@ fn a_newer_gpu_change_record_is_refused_with_what_to_do() {
     assert!(msg.contains("GPU-a") && msg.contains("schema version 9") && msg.contains("upgrade edra"), "{msg}");
 }
 
-fn share_of(name: &str, gpu: &str, memory: u64) -> DeviceRecord {
+pub(super) fn share_of(name: &str, gpu: &str, memory: u64) -> DeviceRecord {
     DeviceRecord {
         share_id: Some(format!("{name}-0000-4000-8000-000000000000")),
         share: Some(ShareRecord { gpu: gpu.into(), memory, gpu_memory: 80 << 30 }),

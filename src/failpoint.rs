@@ -1,4 +1,5 @@
-//! Crash points for crash-consistency tests.
+//! Crash points for crash-consistency tests, in prepare and unprepare and in the state
+//! store's steps under them (also reachable as `prepare::failpoint`).
 //!
 //! In debug builds, [`hit`] aborts the process when its name is listed in the
 //! `FAILPOINT_EDRA` environment variable (comma-separated), as a kill -9 at that point
@@ -11,15 +12,23 @@ pub const ENV: &str = "FAILPOINT_EDRA";
 /// Aborts the process if failpoint `name` is enabled (debug builds only).
 #[inline]
 pub fn hit(name: &str) {
+    hit_after(name, || {});
+}
+
+/// [`hit`], running `before` first when failpoint `name` is enabled: a crash right after
+/// `before` (debug builds only), such as sled's background flusher writing a change out.
+#[inline]
+pub fn hit_after(name: &str, before: impl FnOnce()) {
     #[cfg(debug_assertions)]
     if let Ok(list) = std::env::var(ENV)
         && list.split(',').any(|p| p.trim() == name)
     {
+        before();
         eprintln!("edra: failpoint {name} hit; aborting");
         std::process::abort();
     }
     #[cfg(not(debug_assertions))]
-    let _ = name;
+    let _ = (name, before);
 }
 
 /// Whether any failpoint is listed (debug builds only). While one is, the agent opens its
@@ -35,7 +44,7 @@ pub fn armed() -> bool {
 }
 
 /// The failpoints, in the order a prepare and an unprepare pass them.
-pub const POINTS: [&str; 19] = [
+pub const POINTS: [&str; 20] = [
     "prepare-after-mig-intent",
     "prepare-after-started",
     "prepare-after-mig-created",
@@ -47,6 +56,7 @@ pub const POINTS: [&str; 19] = [
     "prepare-after-mps-started",
     "prepare-after-cdi-write",
     "prepare-before-completed",
+    "prepare-after-record",
     "prepare-after-completed",
     "unprepare-after-cdi-remove",
     "unprepare-after-mps-stop",
