@@ -357,6 +357,33 @@ async fn a_completed_record_without_its_devices_is_prepared_again_or_rolled_back
     assert!(spec_path(&f, UID2).exists());
 }
 
+/// A claim's first record made without a transaction took gpu-0, then saw another claim's
+/// share of it and gave it back; sled's flusher wrote the record and the holding before the
+/// undoing, and the crash came in between. The share's claim keeps the GPU.
+#[tokio::test]
+async fn a_completed_record_holding_a_gpu_another_claim_has_shares_of_is_rolled_back() {
+    let f = Fixture::new();
+    let store = f.preparer.store().clone();
+    let mut share = started_record(&f, UID2, "gpu-0");
+    share.phase = Phase::PrepareCompleted;
+    share.devices[0].share_id = Some("6de5d941-c79d-4a8a-ba10-668351620525".into());
+    share.devices[0].share =
+        Some(crate::state::ShareRecord { gpu: "gpu-0".into(), memory: 10 << 30, gpu_memory: 80 << 30 });
+    store.put_claim(&share).unwrap();
+    f.preparer.write_spec_of(&share).unwrap();
+    let rec = ClaimRecord { phase: Phase::PrepareCompleted, ..started_record(&f, UID1, "gpu-0") };
+    store.raw_insert("claims", UID1.as_bytes(), &crate::state::record::encode_claim(&rec));
+    store.raw_insert_device("gpu-0", UID1);
+    f.preparer.write_spec_of(&rec).unwrap();
+    let report = f.preparer.recover().unwrap();
+    assert_eq!(report.rolled_back, [UID1], "{report:?}");
+    assert!(store.claim(UID1).unwrap().is_none() && !spec_path(&f, UID1).exists());
+    assert_eq!(store.holder("gpu-0").unwrap(), None, "UID1's holding went with it");
+    let shares: Vec<String> = store.shares_of("gpu-0").unwrap().into_iter().map(|h| h.claim).collect();
+    assert_eq!(shares, [UID2], "the share stays");
+    assert!(spec_path(&f, UID2).exists());
+}
+
 /// Recovery removes only what it can prove stale: a temp file whose writer still runs is
 /// another process's write in progress.
 #[tokio::test]

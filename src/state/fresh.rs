@@ -21,11 +21,13 @@
 //! does not). When a device is not got, what was taken is put back, then the record goes.
 //!
 //! sled's log keeps the order of the changes, so a crash leaves a prefix of them: nothing,
-//! the record alone, or the record and some of its holdings. None of those was answered (the
-//! answer follows step 4). A completed record that does not hold all its devices is
-//! therefore one a crash cut short: [`Store::holds_devices`] says so, prepare does not answer
-//! from it (it prepares the claim again, which records it in a transaction), and recovery
-//! takes its devices or, when another claim holds one, rolls it back.
+//! the record alone, the record and some of its holdings, or (when step 3 refused a GPU
+//! and the crash came before the refusal's undoing was written) the record and a holding of
+//! a GPU that another claim holds shares of. None of those was answered (the answer follows
+//! step 4). A completed record that does not hold all its devices alone is therefore one a
+//! crash cut short: [`Store::holds_devices`] says so, prepare does not answer from it (it
+//! prepares the claim again, which records it in a transaction), and recovery rolls it
+//! back.
 
 use super::record::{self, ClaimRecord, Phase, ShareHolding};
 use super::{Db, Failure, StateError, Store, db_err};
@@ -45,13 +47,22 @@ enum Take {
 }
 
 impl Store {
-    /// Whether every device `record` holds exclusively is held by its claim in the store.
-    /// Only a record whose recording a crash cut short holds less (see the module docs).
+    /// Whether every device `record` holds exclusively is held by its claim in the store,
+    /// and by it alone: no other claim with a record holds shares of it. Only a record
+    /// whose recording a crash cut short holds less (see the module docs): one cut before
+    /// its devices were all taken, or one whose device sled's background flusher wrote out
+    /// before the claim saw another claim's share of it and gave the device back.
     pub fn holds_devices(&self, record: &ClaimRecord) -> Result<bool, StateError> {
         self.with_db(|db| {
             for d in record.held_devices() {
                 let holder = db.devices.get(d.as_bytes()).map_err(db_err("read a device"))?;
                 if holder.as_deref() != Some(record.uid.as_bytes()) {
+                    return Ok(false);
+                }
+                // An unreadable share list is rebuilt at the next start; it does not undo
+                // a holding.
+                let shared = others_share(db, d, &record.uid).map_err(db_err("read a GPU's shares"))?;
+                if matches!(shared, Some(StateError::DeviceHeld { .. })) {
                     return Ok(false);
                 }
             }

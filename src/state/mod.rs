@@ -573,6 +573,17 @@ impl Store {
         .expect("raw insert");
     }
 
+    /// Makes claim `holder` the holder of `device`, durably, whatever holds it (tests only:
+    /// holdings no edra makes alone).
+    #[cfg(test)]
+    pub(crate) fn raw_insert_device(&self, device: &str, holder: &str) {
+        self.with_db(|db| {
+            db.devices.insert(device, holder).map_err(db_err("insert (test)"))?;
+            self.durable(db)
+        })
+        .expect("raw insert of a holding");
+    }
+
     /// Removes key `key` from tree `claims` or `devices`, durably (tests only: what a crash
     /// between the steps of a lazy removal leaves).
     #[cfg(test)]

@@ -94,11 +94,7 @@ fn a_completed_record_without_its_holdings_is_told_apart_and_recorded_again_take
     let a = completed_on("a", &["gpu-0", "gpu-1"]);
     // What a crash after the record and the first holding leaves.
     s.raw_insert("claims", b"a", &record::encode_claim(&a));
-    s.with_db(|db| {
-        db.devices.insert("gpu-0", "a").map_err(db_err("insert (test)"))?;
-        s.durable(db)
-    })
-    .unwrap();
+    s.raw_insert_device("gpu-0", "a");
     assert!(!s.holds_devices(&a).unwrap(), "gpu-1 is not held");
     // Recorded again (the claim has a record: a transaction), it takes what it lacks.
     s.put_claim(&a).unwrap();
@@ -107,6 +103,24 @@ fn a_completed_record_without_its_holdings_is_told_apart_and_recorded_again_take
     // Admin access holds nothing, so it is never missing.
     let admin = ClaimRecord { phase: Phase::PrepareCompleted, ..record("d", vec![device("gpu-0", true)]) };
     assert!(s.holds_devices(&admin).unwrap());
+}
+
+#[test]
+fn a_completed_record_whose_gpu_another_claim_has_shares_of_is_told_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    let mut b = record("b", vec![share_of("bbbbbbbb", "gpu-0", 10 << 30)]);
+    b.phase = Phase::PrepareCompleted;
+    s.put_claim(&b).unwrap();
+    // What a crash leaves when sled's flusher wrote a's record and its holding of gpu-0
+    // before a saw b's share and gave gpu-0 back.
+    let a = completed_on("a", &["gpu-0"]);
+    s.raw_insert("claims", b"a", &record::encode_claim(&a));
+    s.raw_insert_device("gpu-0", "a");
+    assert!(!s.holds_devices(&a).unwrap(), "b's share of gpu-0 was recorded first");
+    // A share list that cannot be read does not count against the holding.
+    s.raw_insert("shares", b"gpu-0", b"{not a list");
+    assert!(s.holds_devices(&a).unwrap());
 }
 
 /// Claims recorded at once, some without a transaction and some in one (a PrepareStarted
