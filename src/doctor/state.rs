@@ -39,8 +39,19 @@ pub fn lock_state(db: &Path, proc_root: &Path) -> std::io::Result<Lock> {
         return Err(err);
     }
     let meta = file.metadata()?;
-    let locks = std::fs::read_to_string(proc_root.join("locks")).unwrap_or_default();
-    Ok(Lock::Held(lock_holder(&locks, meta.dev(), meta.ino(), std::process::id())))
+    let read = || std::fs::read_to_string(proc_root.join("locks")).unwrap_or_default();
+    Ok(Lock::Held(held_by(read, meta.dev(), meta.ino(), std::process::id())))
+}
+
+/// How often /proc/locks is read when a held lock does not show in it.
+const LOCKS_READINGS: usize = 5;
+
+/// [`lock_holder`] of a held lock in the text `read` returns. The kernel produces
+/// /proc/locks a page at a time; a lock another process takes or drops between two pages
+/// can make a held lock's line go missing from one reading. The lock is held, so its line
+/// exists: a reading without it is read again, [`LOCKS_READINGS`] times at most.
+fn held_by(mut read: impl FnMut() -> String, dev: u64, ino: u64, own_pid: u32) -> Option<u32> {
+    (0..LOCKS_READINGS).find_map(|_| lock_holder(&read(), dev, ino, own_pid))
 }
 
 /// The pid holding a FLOCK on inode `ino` in a `/proc/locks` text: an entry on device

@@ -96,6 +96,33 @@ fn proc_locks_parsing() {
     assert_eq!(lock_holder(text, dev, 78, 1), None);
 }
 
+/// A reading of `/proc/locks` that misses the held lock's line (other processes took and
+/// dropped locks while the kernel produced it page by page) is read again, a bounded
+/// number of times.
+#[test]
+fn a_reading_of_proc_locks_without_the_held_lock_is_read_again() {
+    let dev = libc::makedev(0xfd, 1);
+    let other = "1: FLOCK  ADVISORY  WRITE 900 fd:01:78 0 EOF\n";
+    let ours = "1: FLOCK  ADVISORY  WRITE 4242 fd:01:77 0 EOF\n";
+    let readings = |texts: Vec<&'static str>| {
+        let mut texts = texts.into_iter();
+        let count = std::cell::Cell::new(0);
+        let found = held_by(
+            || {
+                count.set(count.get() + 1);
+                texts.next().unwrap_or(other).to_string()
+            },
+            dev,
+            77,
+            1,
+        );
+        (found, count.get())
+    };
+    assert_eq!(readings(vec![other, other, ours]), (Some(4242), 3));
+    assert_eq!(readings(vec![ours]), (Some(4242), 1), "read once when the line is there");
+    assert_eq!(readings(vec![]), (None, LOCKS_READINGS), "then given up on");
+}
+
 #[test]
 fn free_space_and_units() {
     assert!(free_bytes(Path::new("/")).is_some());
