@@ -48,7 +48,7 @@ async fn a_stop_that_aborts_kubelet_calls_exits_1_and_says_how_many() {
     let call = tokio::spawn(async move { prepare(&mut v1, &[claim]).await });
     cluster
         .server
-        .wait_for("the agent's claim fetch in flight", WAIT, |s| s.in_flight() > 0)
+        .wait_for("the agent's claim fetch held", WAIT, |s| s.faults_applied() > 0)
         .await
         .expect("a claim fetch is held");
     let mut agent = agent;

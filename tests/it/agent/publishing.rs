@@ -249,8 +249,7 @@ async fn conflict_during_update_converges() {
     });
     cluster
         .server
-        // Watches leave the in-flight gauge once streaming, so only the held PUT counts.
-        .wait_for("the agent's PUT in flight", WAIT, |s: &State| s.in_flight() > 0)
+        .wait_for("the agent's PUT held", WAIT, |s: &State| s.faults_applied() > 0)
         .await
         .expect("a PUT is held");
     cluster.server.edit_slice(&name, |s| {
@@ -351,7 +350,7 @@ async fn shutdown_is_not_held_up_by_a_hanging_write() {
     let agent = Agent::start(cluster.fs(), cluster.config(NODE)).await;
     cluster
         .server
-        .wait_for("the agent's create in flight", WAIT, |s: &State| s.in_flight() > 0)
+        .wait_for("the agent's create held", WAIT, |s: &State| s.faults_applied() > 0)
         .await
         .expect("a create is held");
     let started = Instant::now();

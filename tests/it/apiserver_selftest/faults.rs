@@ -37,6 +37,7 @@ async fn injected_errors_hit_only_matching_requests() -> Result<()> {
     let statuses: Vec<u16> = log.iter().map(|r| r.status).collect();
     assert_eq!(statuses, [200, 429, 429, 201, 500, 200]);
     assert_eq!(server.with_state(|s| (s.count_verb("create"), s.writes_since(3))), (3, 1));
+    assert_eq!(server.with_state(|s| s.faults_applied()), 3, "two 429s and a 500");
     assert!(log[3].request_bytes > 0 && log[3].response_bytes > 0);
     Ok(())
 }

@@ -230,7 +230,11 @@ async fn serve(
     path: &str,
     verb: &'static str,
 ) -> Result<Reply, ApiError> {
-    let fault = faults::take(&mut call.shared.lock().faults, method, path);
+    let fault = call.shared.mutate(|s| {
+        let fault = faults::take(&mut s.faults, method, path);
+        s.faults_applied += usize::from(fault.is_some());
+        fault
+    });
     match fault {
         Some(FaultAction::InternalError) => return Err(ApiError::internal("injected fault".to_owned())),
         Some(FaultAction::TooManyRequests { retry_after_secs }) => {

@@ -117,6 +117,8 @@ pub struct State {
     pub(crate) watch_bytes: usize,
     pub(crate) tokens: Tokens,
     pub(crate) faults: Vec<Fault>,
+    /// Requests an injected fault was applied to.
+    pub(crate) faults_applied: usize,
     pub(crate) forbid: Vec<ForbidRule>,
     pub(crate) node_authorizer: bool,
     pub(crate) gone_as_http_status: bool,
@@ -148,6 +150,7 @@ impl State {
             watch_bytes: 0,
             tokens: Tokens::default(),
             faults: Vec::new(),
+            faults_applied: 0,
             forbid: Vec::new(),
             node_authorizer: false,
             gone_as_http_status: false,
@@ -218,6 +221,12 @@ impl State {
     /// Requests received whose response head is not ready yet.
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// Requests an injected fault was applied to so far (a delayed one counts from the
+    /// moment it is held).
+    pub fn faults_applied(&self) -> usize {
+        self.faults_applied
     }
 
     /// TCP connections accepted since start.
