@@ -30,7 +30,7 @@
 //! back.
 
 use super::record::{self, ClaimRecord, Phase, ShareHolding};
-use super::{Db, Failure, StateError, Store, db_err};
+use super::{Db, Failure, StateError, Store, claim_name, db_err};
 
 /// How often a device's compare-and-swap is retried when its holding changed in between
 /// (another claim took or released it): a bound, not a number ever reached in practice.
@@ -137,11 +137,7 @@ fn take(db: &Db, device: &[u8], uid: &[u8]) -> Result<Take, sled::Error> {
 
 /// The refusal of `device`, held by claim `holder`.
 fn held(db: &Db, device: &str, holder: &[u8]) -> Result<StateError, sled::Error> {
-    let holder_name = db
-        .claims
-        .get(holder)?
-        .and_then(|b| record::decode_claim(&b).ok())
-        .map(|r| format!("{}/{}", r.namespace, r.name));
+    let holder_name = db.claims.get(holder)?.as_deref().and_then(claim_name);
     Ok(StateError::DeviceHeld {
         device: device.to_string(),
         holder: String::from_utf8_lossy(holder).into_owned(),

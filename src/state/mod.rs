@@ -670,10 +670,7 @@ impl Store {
             let result = (&db.claims, &db.devices, &db.shares).transaction(|(claims, devices, shares)| {
                 let holder_name =
                     |holder: &[u8]| -> Result<Option<String>, sled::transaction::UnabortableTransactionError> {
-                        Ok(claims
-                            .get(holder)?
-                            .and_then(|b| record::decode_claim(&b).ok())
-                            .map(|r| format!("{}/{}", r.namespace, r.name)))
+                        Ok(claims.get(holder)?.as_deref().and_then(claim_name))
                     };
                 if let Some(old) = claims.get(uid)?
                     && let Ok(old) = record::decode_claim(&old)
@@ -1126,6 +1123,11 @@ impl Store {
             self.durable(db)
         })
     }
+}
+
+/// `namespace/name` of the claim whose stored record is `bytes`, when it is readable.
+fn claim_name(bytes: &[u8]) -> Option<String> {
+    record::decode_claim(bytes).ok().map(|r| format!("{}/{}", r.namespace, r.name))
 }
 
 /// The shares listed for `gpu` in a transaction (an unreadable list counts as none: it is
