@@ -8,6 +8,10 @@
 //! first time and holding no shares of a GPU, is recorded with single-key changes instead,
 //! the same way [`Store::remove_claim_lazily`] removes it:
 //!
+//! 0. a device held by a claim with a record, or a GPU another such claim has shares of,
+//!    refuses the claim at once, so that nothing is taken and given back in the common
+//!    case of a conflict that was there before (a holding taken for a moment would refuse
+//!    other claims meanwhile, which a transaction never shows);
 //! 1. its record is inserted if the claim has none (else the transaction records it);
 //! 2. each of its devices is taken with a compare-and-swap: free, or held by a claim that
 //!    has no record (what a lazy release cut short leaves, which holds nothing), or already
@@ -78,6 +82,11 @@ impl Store {
             return Ok(false);
         }
         let uid = record.uid.as_bytes();
+        // A device already in the way refuses the claim before it takes anything: a
+        // holding taken and given back would refuse, meanwhile, claims that fit.
+        if let Some(refused) = in_the_way(db, record).map_err(db_err("read a device"))? {
+            return Err(Failure::Plain(refused));
+        }
         let inserted = db.claims.compare_and_swap(uid, None::<&[u8]>, Some(bytes)).map_err(db_err("record a claim"))?;
         if inserted.is_err() {
             return Ok(false);
@@ -114,6 +123,24 @@ impl Store {
             }
         }
     }
+}
+
+/// The refusal of `record`'s first device that a claim with a record holds, or another
+/// claim with a record holds shares of, as it is now.
+fn in_the_way(db: &Db, record: &ClaimRecord) -> Result<Option<StateError>, sled::Error> {
+    let uid = record.uid.as_bytes();
+    for d in record.held_devices() {
+        if let Some(holder) = db.devices.get(d.as_bytes())?
+            && holder != uid
+            && db.claims.contains_key(&holder)?
+        {
+            return held(db, d, &holder).map(Some);
+        }
+        if let Some(refused) = others_share(db, d, &record.uid)? {
+            return Ok(Some(refused));
+        }
+    }
+    Ok(None)
 }
 
 /// Takes `device` for claim `uid` (see [`Take`]).

@@ -173,3 +173,44 @@ fn claims_racing_for_a_device_never_both_get_it_however_they_are_recorded() {
         }
     }
 }
+
+#[test]
+fn a_claim_refused_for_a_gpu_with_shares_takes_nothing_that_would_refuse_shares_that_fit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Store::open(tmp.path()).unwrap();
+    for round in 0..40 {
+        let mut base = record(&format!("base-{round}"), vec![share_of("aaaaaaaa", "gpu-0", 10 << 30)]);
+        base.phase = Phase::PrepareCompleted;
+        s.put_claim(&base).unwrap();
+        // Whole-GPU claims (refused: gpu-0 has a share) and 10Gi shares (which fit) at once.
+        let start = Arc::new(Barrier::new(6));
+        let threads: Vec<_> = (0..6)
+            .map(|i| {
+                let (s, start) = (s.clone(), start.clone());
+                let r = if i % 2 == 0 {
+                    completed_on(&format!("whole-{round}-{i}"), &["gpu-0"])
+                } else {
+                    let id = format!("{i:08x}");
+                    ClaimRecord {
+                        phase: Phase::PrepareCompleted,
+                        ..record(&format!("share-{round}-{i}"), vec![share_of(&id, "gpu-0", 10 << 30)])
+                    }
+                };
+                std::thread::spawn(move || {
+                    start.wait();
+                    (r.uid.clone(), s.put_claim(&r))
+                })
+            })
+            .collect();
+        for t in threads {
+            let (uid, result) = t.join().unwrap();
+            match uid.starts_with("whole") {
+                true => assert!(matches!(result, Err(StateError::DeviceHeld { .. })), "round {round}: {uid}"),
+                false => assert!(result.is_ok(), "round {round}: {uid}: {result:?}"),
+            }
+        }
+        for r in s.claims().unwrap() {
+            s.remove_claim(&r.uid).unwrap();
+        }
+    }
+}
