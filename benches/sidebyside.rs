@@ -16,6 +16,11 @@
 //!   tail; the kubelet repeats a prepare at every restart of a pod's containers; with
 //!   more than one, the table also splits them into the first of each claim, sent right
 //!   after the first-time call, and the others);
+//!   `SBS_INTERLEAVE=after` (or `before`): a call with no claims right after (before)
+//!   each repeated prepare, timed as its own row: the floor under the repeated prepares in
+//!   their own conditions (the control plane at work between rounds), not only at the
+//!   end with it idle; with `before`, the first of them comes right after the first-time
+//!   call, in the place of the first repeated prepare;
 //!   `SBS_RAW`: a file to write every sample to, one per line (plugin, operation, index,
 //!   microseconds), for looking at a tail sample by sample.
 //!
@@ -51,6 +56,8 @@ struct Plugin {
     release: Vec<Duration>,
     /// NodePrepareResources with no claims: the plugin's gRPC stack and nothing else.
     empty: Vec<Duration>,
+    /// The same, each right after a repeated prepare (`SBS_INTERLEAVE=1`).
+    between: Vec<Duration>,
 }
 
 fn kubectl(base: &[String], args: &[&str], stdin: Option<&str>) -> Result<String, String> {
@@ -123,6 +130,7 @@ fn parse_plugin(var: &str) -> Option<Plugin> {
         repeat: Vec::new(),
         release: Vec::new(),
         empty: Vec::new(),
+        between: Vec::new(),
     })
 }
 
@@ -138,6 +146,8 @@ async fn main() {
     let rounds: usize = std::env::var("SBS_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let delay = Duration::from_millis(std::env::var("SBS_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(20));
     let repeats: usize = std::env::var("SBS_REPEATS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let interleave = std::env::var("SBS_INTERLEAVE").ok();
+    let (empty_before, empty_after) = (interleave.as_deref() == Some("before"), interleave.as_deref() == Some("after"));
     let ns = "sidebyside";
     let _ = kubectl(&base, &["create", "namespace", ns], None);
     let mut plugins = [a, b];
@@ -165,13 +175,20 @@ async fn main() {
             let err = r.get_ref().claims.get(&uid).map(|c| c.error.clone()).unwrap_or_default();
             assert!(err.is_empty(), "{}: prepare of {name} failed: {err}", p.label);
             let mut repeat = Vec::with_capacity(repeats);
+            let mut between = Vec::new();
             for _ in 0..repeats {
+                if empty_before {
+                    between.push(empty_call(client).await);
+                }
                 let t = Instant::now();
                 client
                     .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
                     .await
                     .expect("NodePrepareResources again");
                 repeat.push(t.elapsed());
+                if empty_after {
+                    between.push(empty_call(client).await);
+                }
             }
             let t = Instant::now();
             client
@@ -182,6 +199,7 @@ async fn main() {
             if round >= warmup {
                 p.first.push(first);
                 p.repeat.extend(repeat);
+                p.between.extend(between);
                 p.release.push(release);
             }
             let _ = kubectl(
@@ -197,13 +215,9 @@ async fn main() {
     let empties = rounds.saturating_mul(repeats);
     for n in 0..(warmup + empties) {
         for i in if n % 2 == 0 { [0, 1] } else { [1, 0] } {
-            let t = Instant::now();
-            clients[i]
-                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: Vec::new() })
-                .await
-                .expect("NodePrepareResources with no claims");
+            let took = empty_call(&mut clients[i]).await;
             if n >= warmup {
-                plugins[i].empty.push(t.elapsed());
+                plugins[i].empty.push(took);
             }
         }
     }
@@ -214,13 +228,17 @@ async fn main() {
     let (a, b) = (&plugins[0].label, &plugins[1].label);
     println!("| operation (ms) | {a} p50 | {a} p90 | {a} p99 | {b} p50 | {b} p90 | {b} p99 |");
     println!("|---|---|---|---|---|---|---|");
-    let rows: [Row; 4] = [
+    let rows: [Row; 5] = [
         ("prepare, first time", |p| &p.first),
         ("prepare, repeated", |p| &p.repeat),
         ("unprepare", |p| &p.release),
         ("call with no claims", |p| &p.empty),
+        ("call with no claims, next to each repeated prepare", |p| &p.between),
     ];
     for (what, f) in rows {
+        if f(&plugins[0]).is_empty() {
+            continue;
+        }
         print_row(what, f(&plugins[0]), f(&plugins[1]));
         if what == "prepare, repeated" && repeats > 1 {
             // Where a repeated prepare's tail comes from: the call right after the
@@ -244,6 +262,16 @@ async fn main() {
         }
         std::fs::write(&path, out).expect("write SBS_RAW");
     }
+}
+
+/// Times one NodePrepareResources call with no claims.
+async fn empty_call(client: &mut v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>) -> Duration {
+    let t = Instant::now();
+    client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: Vec::new() })
+        .await
+        .expect("NodePrepareResources with no claims");
+    t.elapsed()
 }
 
 /// One line of the table: p50, p90 and p99 of each plugin's samples.
