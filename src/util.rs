@@ -36,19 +36,24 @@ pub async fn until_stopped<T>(
 }
 
 /// Puts a new file or link at `path` atomically: `create` makes it at `tmp` (a name in the
-/// same directory; a stale one left there is removed first), then it is renamed over
-/// `path`. On failure `tmp` is removed and `path` is left as it was.
+/// same directory), then it is renamed over `path`. `create` must fail with
+/// `AlreadyExists` when `tmp` exists (exclusive creation): a stale one left there (or
+/// anything planted under its name) is then removed and `create` runs once more. On
+/// failure `tmp` is removed and `path` is left as it was.
 pub fn replace_atomically(
     path: &std::path::Path,
     tmp: &std::path::Path,
-    create: impl FnOnce(&std::path::Path) -> std::io::Result<()>,
+    mut create: impl FnMut(&std::path::Path) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     let result = (|| {
-        match std::fs::remove_file(tmp) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
+        // The temp name is almost never there: trying first saves an unlink per write.
+        match create(tmp) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(tmp)?;
+                create(tmp)?;
+            }
+            other => other?,
         }
-        create(tmp)?;
         std::fs::rename(tmp, path)
     })();
     if result.is_err() {
@@ -107,4 +112,58 @@ pub fn quantity(v: u64) -> String {
         i += 1;
     }
     format!("{n}{}", ["", "k", "M", "G", "T", "P", "E"][i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_temp_file_or_a_link_planted_under_its_name_is_replaced_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, tmp, elsewhere) = (dir.path().join("f"), dir.path().join(".f.tmp"), dir.path().join("elsewhere"));
+        std::fs::write(&tmp, b"stale").unwrap();
+        write_atomically(&path, &tmp, b"one", 0o640).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"one");
+        assert!(!tmp.exists());
+        std::fs::write(&elsewhere, b"keep").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &tmp).unwrap();
+        write_atomically(&path, &tmp, b"two", 0o640).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        assert_eq!(std::fs::read(&elsewhere).unwrap(), b"keep");
+        assert!(std::fs::symlink_metadata(&tmp).is_err());
+        use std::os::unix::fs::PermissionsExt;
+        assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o640);
+    }
+
+    #[test]
+    fn a_failed_create_leaves_the_file_as_it_was_and_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, tmp) = (dir.path().join("f"), dir.path().join(".f.tmp"));
+        std::fs::write(&path, b"old").unwrap();
+        let mut calls = 0;
+        let err = replace_atomically(&path, &tmp, |tmp| {
+            calls += 1;
+            std::fs::write(tmp, b"half")?;
+            Err(std::io::Error::other("disk full"))
+        })
+        .unwrap_err();
+        assert_eq!(err.to_string(), "disk full");
+        assert_eq!(calls, 1);
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert!(!tmp.exists());
+        // Exclusive creation that keeps finding the name taken gives up after one removal.
+        let mut calls = 0;
+        let err = replace_atomically(&path, &tmp, |tmp| {
+            calls += 1;
+            std::fs::write(tmp, b"x")?;
+            Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists))
+        })
+        .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(calls, 2);
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert!(!tmp.exists());
+    }
 }

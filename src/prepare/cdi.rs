@@ -312,11 +312,18 @@ pub fn temp_file_owner<'a>(vendor: &str, file_name: &'a str) -> Option<(&'a str,
 pub fn write_spec(path: &Path, spec: &Spec) -> io::Result<()> {
     let dir = path.parent().ok_or_else(|| io::Error::other("spec path has no directory"))?;
     let file_name = path.file_name().ok_or_else(|| io::Error::other("spec path has no file name"))?;
-    std::fs::create_dir_all(dir)?;
     let tmp: PathBuf =
         dir.join(format!(".{}.tmp-{}-{:08x}", file_name.to_string_lossy(), std::process::id(), fastrand::u32(..)));
     let bytes = serde_json::to_vec_pretty(spec).map_err(io::Error::other)?;
-    crate::util::write_atomically(path, &tmp, &bytes, 0o644)?;
+    // The directory is there but for the first spec (or after someone removed it): it is
+    // made when the write finds it missing, not looked up before every write.
+    match crate::util::write_atomically(path, &tmp, &bytes, 0o644) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)?;
+            crate::util::write_atomically(path, &tmp, &bytes, 0o644)?;
+        }
+        other => other?,
+    }
     crate::state::sync_path(dir)
 }
 
