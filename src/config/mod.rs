@@ -212,7 +212,8 @@ pub struct Config {
     pub backend: BackendKind,
     /// Log format.
     pub log_format: LogFormat,
-    /// Log filter (tracing `EnvFilter` syntax, e.g. `info` or `edra=debug,info`).
+    /// Log filter: a level, or `target=level` entries separated by commas (e.g. `info` or
+    /// `edra::publish=debug,info`).
     pub log_level: String,
     /// API access.
     pub kube: KubeSettings,
@@ -415,10 +416,12 @@ impl Config {
         });
         let log_level = r.get("log.level", "info".to_string(), |raw| {
             let s = string(raw)?;
-            tracing_subscriber::EnvFilter::builder()
-                .parse(&s)
-                .map(|_| s.clone())
-                .map_err(|e| format!("not a valid log filter {s:?}: {e}"))
+            if s.trim().is_empty() {
+                return Err("expected a level (error, warn, info, debug, trace) or a list of target=level".into());
+            }
+            s.parse::<tracing_subscriber::filter::Targets>().map(|_| s.clone()).map_err(|e| {
+                format!("not a valid log filter {s:?}: {e} (expected e.g. info or edra::publish=debug,info)")
+            })
         });
 
         let kube = read_kube(r);

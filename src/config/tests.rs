@@ -403,3 +403,19 @@ fn sharing_enforcement_keeps_timeslice_alone_as_timeslicing_and_refuses_contradi
     let cfg = Config::load(&ctx(None, &[("EDRA_SHARING_ENFORCEMENT", "mps")])).unwrap();
     assert_eq!(cfg.sharing.enforcement, Enforcement::Mps);
 }
+
+#[test]
+fn log_filters_are_levels_or_target_level_lists_and_others_are_refused() {
+    for ok in ["info", "debug", "edra::publish=debug,info", "warn,edra=debug"] {
+        assert_eq!(Config::load(&ctx(None, &[("EDRA_LOG_LEVEL", ok)])).unwrap().log_level, ok);
+    }
+    for (bad, says) in [
+        ("", "expected a level"),
+        ("edra=loud", "not a valid log filter \"edra=loud\""),
+        ("edra=debug=info", "too many '='"),
+        ("edra[prepare{claim.uid=x}]=debug", "not a valid log filter"),
+    ] {
+        let err = Config::load(&ctx(None, &[("EDRA_LOG_LEVEL", bad)])).unwrap_err()[0].to_string();
+        assert!(err.contains("log.level") && err.contains(says), "{bad:?}: {err}");
+    }
+}

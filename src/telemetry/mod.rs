@@ -20,10 +20,12 @@ use std::ffi::OsStr;
 use std::fmt;
 
 use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::LogFormat;
 
@@ -115,17 +117,21 @@ pub fn init(format: LogFormat, level: &str) {
 /// [`init`] with a given style.
 pub fn init_with(format: LogFormat, level: &str, style: LogStyle) {
     use tracing_subscriber::fmt::format as line;
-    let filter = EnvFilter::builder().parse_lossy(level);
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(style.ansi);
+    // The configuration checked the filter; one that does not parse here logs at INFO.
+    let filter: Targets = level.parse().unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO));
+    // The filter sits right on the registry, so its most verbose level is also the global
+    // one (what `log` records from dependencies are checked against first).
+    let filtered = tracing_subscriber::registry().with(filter);
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(style.ansi);
     let _ = match (format, style.journald) {
-        (LogFormat::Text, false) => builder.with_target(true).try_init(),
-        (LogFormat::Text, true) => {
-            builder.event_format(Priority(line().with_target(true).with_ansi(false).without_time())).try_init()
-        }
-        (LogFormat::Json, false) => builder.json().flatten_event(true).with_current_span(true).try_init(),
+        (LogFormat::Text, false) => filtered.with(layer.with_target(true)).try_init(),
+        (LogFormat::Text, true) => filtered
+            .with(layer.event_format(Priority(line().with_target(true).with_ansi(false).without_time())))
+            .try_init(),
+        (LogFormat::Json, false) => filtered.with(layer.json().flatten_event(true).with_current_span(true)).try_init(),
         // JSON keeps its timestamp field: log shippers read it from the object.
-        (LogFormat::Json, true) => {
-            builder.json().event_format(Priority(line().json().flatten_event(true).with_current_span(true))).try_init()
-        }
+        (LogFormat::Json, true) => filtered
+            .with(layer.json().event_format(Priority(line().json().flatten_event(true).with_current_span(true))))
+            .try_init(),
     };
 }

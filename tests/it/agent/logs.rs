@@ -54,3 +54,25 @@ async fn under_the_journal_lines_carry_a_priority_and_no_timestamp() {
     let text = run_and_stop(&cluster, &[("JOURNAL_STREAM", &stream)]).await;
     assert!(text.lines().all(|l| !l.starts_with('<')), "{text}");
 }
+
+#[tokio::test]
+async fn a_log_filter_per_module_keeps_that_modules_lines_and_drops_the_others() {
+    let cluster = Cluster::start().await;
+    let target = |line: &str| line.split(" INFO ").nth(1).and_then(|rest| rest.split(": ").next()).map(str::to_string);
+    let everything = run_and_stop(&cluster, &[]).await;
+    let others = everything.lines().filter_map(target).filter(|t| t != "edra::app").count();
+    assert!(others > 0, "at info, lines of modules besides edra::app:\n{everything}");
+    let both = run_and_stop(&cluster, &[("EDRA_LOG_LEVEL", "warn,edra::app=info")]).await;
+    // The agent appends to the cluster's log file: the second run's lines follow the first's.
+    let filtered = both.strip_prefix(everything.as_str()).unwrap_or(&both);
+    let targets: Vec<String> = filtered.lines().filter_map(target).collect();
+    assert!(targets.iter().any(|t| t == "edra::app"), "{filtered}");
+    assert!(targets.iter().all(|t| t == "edra::app"), "{filtered}");
+    // A module can be raised above the default: debug lines of edra::app only.
+    assert!(!everything.contains(" DEBUG "), "{everything}");
+    let all = run_and_stop(&cluster, &[("EDRA_LOG_LEVEL", "info,edra::app=debug")]).await;
+    let raised = all.strip_prefix(both.as_str()).unwrap_or(&all);
+    assert!(raised.contains(" DEBUG edra::app: malloc arenas limited"), "{raised}");
+    assert!(raised.lines().filter(|l| l.contains(" DEBUG ")).all(|l| l.contains(" DEBUG edra::app: ")), "{raised}");
+    assert!(raised.contains(" INFO edra::prepare::recover: state recovered"), "{raised}");
+}

@@ -30,16 +30,20 @@ impl CapturedLogs {
         Self::start_at("warn")
     }
 
-    /// [`CapturedLogs::start`] from `level` up (an `EnvFilter` directive list whose first
-    /// entry applies to `edra`, such as `info,edra::plugin::dra=debug`).
+    /// [`CapturedLogs::start`] from `level` up (a filter list whose first entry applies to
+    /// `edra`, such as `info,edra::plugin::dra=debug`).
     pub fn start_at(level: &str) -> (CapturedLogs, DefaultGuard) {
         UNDECIDED.get_or_init(|| Dispatch::new(Undecided));
         let logs = CapturedLogs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(format!("edra={level}"))
-            .with_ansi(false)
-            .with_writer(logs.clone())
-            .finish();
+        let filter: tracing_subscriber::filter::Targets = format!("edra={level}").parse().expect("a log filter");
+        let subscriber = tracing_subscriber::layer::SubscriberExt::with(
+            tracing_subscriber::fmt()
+                .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
+                .with_ansi(false)
+                .with_writer(logs.clone())
+                .finish(),
+            filter,
+        );
         let guard = tracing::subscriber::set_default(subscriber);
         (logs, guard)
     }
