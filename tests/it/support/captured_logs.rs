@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::{DefaultGuard, Interest};
 use tracing::{Dispatch, Event, Metadata, level_filters::LevelFilter};
+use tracing_subscriber::layer::SubscriberExt;
 
 /// Log lines captured from the current thread (the test's current-thread runtime runs the
 /// agent's tasks there).
@@ -36,14 +37,10 @@ impl CapturedLogs {
         UNDECIDED.get_or_init(|| Dispatch::new(Undecided));
         let logs = CapturedLogs::default();
         let filter: tracing_subscriber::filter::Targets = format!("edra={level}").parse().expect("a log filter");
-        let subscriber = tracing_subscriber::layer::SubscriberExt::with(
-            tracing_subscriber::fmt()
-                .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
-                .with_ansi(false)
-                .with_writer(logs.clone())
-                .finish(),
-            filter,
-        );
+        // Built as the agent builds its own: the filter on the registry, the lines above it.
+        let subscriber = tracing_subscriber::registry()
+            .with(filter)
+            .with(tracing_subscriber::fmt::layer().with_ansi(false).with_writer(logs.clone()));
         let guard = tracing::subscriber::set_default(subscriber);
         (logs, guard)
     }
