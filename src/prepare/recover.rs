@@ -6,11 +6,11 @@
 //! orphaned spec files and GPUs whose compute mode or time-slice edra changed; a reboot
 //! clears the CDI directory under /var/run and the GPUs' settings. Recovery rolls back
 //! PrepareStarted records and those cut-short PrepareCompleted ones (spec, GPU settings as
-//! the GPU change records say, device holdings, MPS daemons), keeps the other PrepareCompleted ones (the kubelet may call prepare again
-//! for their pods), sets their GPU settings again, adopts their MPS daemons (or starts
-//! them again) and re-writes their missing specs, stops MPS daemons no claim owns,
-//! removes spec files of edra's kind that no record owns and temp files whose writer is
-//! gone, drops device holdings and shares whose claim has no record (a lazy release cut
+//! the GPU change records say, device holdings, MPS daemons), keeps the other
+//! PrepareCompleted ones (the kubelet may call prepare again for their pods), sets their
+//! GPU settings again, adopts their MPS daemons (or starts them again) and re-writes their
+//! missing specs, stops MPS daemons no claim owns, removes spec files of edra's kind that
+//! no record owns and temp files whose writer is gone, drops device holdings and shares whose claim has no record (a lazy release cut
 //! short), and stores the boot ID. Each claim is handled under its lock, so recovery can run
 //! while the kubelet is served (after a re-open) without undoing a prepare in flight. The
 //! instance lock ([`crate::instance`]) makes edra the only writer of its kind's specs in
