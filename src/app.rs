@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::health::view::Rules;
-use crate::health::{DeviceState, HealthBackend, HealthMonitor, HealthSettings, HealthSnapshot, MockHealth};
+use crate::health::{DeviceState, HealthMonitor, HealthSettings, HealthSnapshot};
 use crate::inventory::{self, DeviceBackend, Inventory};
 use crate::kube::backoff::Backoff;
 use crate::kube::{self, Client, Cluster};
@@ -174,7 +174,7 @@ pub async fn run_signalling(
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let monitor = HealthMonitor::start(
-        health_backend(&config, backend.name()),
+        crate::health::backend_for(&config, backend.name()),
         inventory_rx.clone(),
         HealthSettings {
             rules: Rules { ignored_xids: config.health.ignored_xids.clone(), quiet_period: config.health.quiet_period },
@@ -383,21 +383,6 @@ async fn discover(backend: &Arc<dyn DeviceBackend>) -> Result<Inventory, invento
     match tokio::task::spawn_blocking(move || b.discover()).await {
         Ok(r) => r,
         Err(e) => Err(inventory::InventoryError::Mock(format!("device discovery panicked: {e}"))),
-    }
-}
-
-/// Where health events come from: the mock's events file, or NVML's event API on an
-/// instance of its own (the library is reference-counted by the driver).
-fn health_backend(config: &Config, backend: &str) -> Arc<dyn HealthBackend> {
-    if backend == "mock" {
-        return Arc::new(MockHealth::new(&config.node_name, config.mock.gpus, config.mock.events_file.clone()));
-    }
-    match inventory::nvml::NvmlBackend::load(config) {
-        Ok(nvml) => Arc::new(crate::health::nvml::NvmlHealth::new(nvml)),
-        Err(e) => {
-            let reason = format!("NVML could not be loaded for events: {}", error_chain(&e));
-            Arc::new(crate::health::source::Unwatched { reason })
-        }
     }
 }
 

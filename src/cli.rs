@@ -61,6 +61,13 @@ pub enum Command {
     /// Exit code: 0 when no check failed (warnings allowed), 1 when a check failed,
     /// 64 for an invalid configuration.
     Doctor(DoctorArgs),
+    /// Run the agent's node path on this node's GPUs, without a cluster, and say what works.
+    ///
+    /// Discovers the GPUs, checks what would be published, registers health events, and
+    /// prepares and releases claims it makes up (a whole GPU, two shares) in temporary
+    /// state and CDI folders of its own, never the node's. Exit code: 0 when no check
+    /// failed, 1 when one did, 64 for bad usage or configuration.
+    Selftest(SelftestArgs),
     /// Print the version and build details.
     Version,
     /// OCI hooks run by container runtimes through edra's CDI specs.
@@ -190,6 +197,44 @@ pub struct DoctorArgs {
     pub output: Option<DoctorOutputArg>,
 }
 
+/// Options of `edra selftest`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct SelftestArgs {
+    /// Node and device selection.
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, value_name = "FORMAT", default_value = "text")]
+    pub output: SelftestOutputArg,
+    /// A local container image: start a container from it with the whole-GPU claim's CDI
+    /// devices (needs podman, or --runtime).
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// The container runtime to use with --image (takes podman's arguments).
+    #[arg(long, value_name = "PATH")]
+    pub runtime: Option<PathBuf>,
+    /// Also exercise time-slicing, MPS and dynamic MIG on GPUs no process uses; every
+    /// setting changed is put back.
+    #[arg(long)]
+    pub change_gpu_settings: bool,
+    /// Where the temporary state, CDI and runtime folders are made [default: $TMPDIR or /tmp].
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// The command the container runs [default: nvidia-smi -L].
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// `edra selftest --output` values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum SelftestOutputArg {
+    /// A summary table.
+    #[default]
+    Text,
+    /// The whole report as JSON (schema `edra.selftest/v1`, see docs/selftest.md).
+    Json,
+}
+
 /// `edra doctor --output` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DoctorOutputArg {
@@ -288,7 +333,7 @@ impl Cli {
         let command = match &self.command {
             Command::Hook(h) => format!("hook {}", h.command.name()),
             Command::Version => "version".to_string(),
-            Command::Run(_) | Command::Inventory(_) | Command::Doctor(_) => return None,
+            Command::Run(_) | Command::Inventory(_) | Command::Doctor(_) | Command::Selftest(_) => return None,
         };
         let g = &self.global;
         let given: Vec<&str> = [
@@ -320,6 +365,7 @@ impl Cli {
             Command::Run(args) => args.overrides(&mut overrides),
             Command::Inventory(args) => args.node.overrides(&mut overrides),
             Command::Doctor(args) => args.run.overrides(&mut overrides),
+            Command::Selftest(args) => args.node.overrides(&mut overrides),
             Command::Version | Command::Hook(_) => {}
         }
         Ok(LoadContext::from_process(self.global.config.clone(), overrides))

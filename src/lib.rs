@@ -15,6 +15,7 @@
 //! - [`device_config`]: the opaque `GpuConfig` model, shared by prepare and state.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
 //! - [`doctor`]: `edra doctor`, node and cluster checks that say what to fix.
+//! - [`selftest`]: `edra selftest`, the node path on this node's GPUs without a cluster.
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
@@ -42,6 +43,7 @@ pub mod mig;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;
+pub mod selftest;
 pub mod sharing;
 pub mod state;
 pub mod telemetry;

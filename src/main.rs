@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use edra::cli::{Cli, Command, DoctorOutputArg, OutputArg};
+use edra::cli::{Cli, Command, DoctorOutputArg, OutputArg, SelftestArgs, SelftestOutputArg};
 use edra::config::Config;
 
 /// EX_USAGE from sysexits.h: the configuration or command line is wrong.
@@ -44,11 +44,14 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(problems) => return config_failure(problems.iter().map(ToString::to_string).collect()),
     };
-    edra::telemetry::init(config.log_format, &config.log_level);
+    // The self-test's report is its output; the agent's own log lines only when asked for.
+    let quiet = matches!(cli.command, Command::Selftest(_)) && cli.global.log_level.is_none();
+    edra::telemetry::init(config.log_format, if quiet { "warn" } else { &config.log_level });
     let result = match cli.command {
         Command::Run(_) => edra::app::run_blocking(config),
         Command::Inventory(args) => return inventory(&config, args.output),
         Command::Doctor(args) => return doctor(&config, args.output),
+        Command::Selftest(args) => return selftest(&config, args),
         Command::Version | Command::Hook(_) => unreachable!("handled above"),
     };
     match result {
@@ -95,6 +98,32 @@ fn doctor(config: &Config, output: Option<DoctorOutputArg>) -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("edra doctor: {}", edra::util::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `edra selftest`: the report as text or JSON; exit 1 when a check failed.
+fn selftest(config: &Config, args: SelftestArgs) -> ExitCode {
+    let options = edra::selftest::Options {
+        image: args.image,
+        command: args.command,
+        change_gpu_settings: args.change_gpu_settings,
+        work_dir: args.work_dir,
+        runtime: args.runtime,
+    };
+    match edra::selftest::run_blocking(config, &options) {
+        Ok(report) => {
+            let text = match args.output {
+                SelftestOutputArg::Json => edra::selftest::render::json(&report),
+                SelftestOutputArg::Text => edra::selftest::render::text(&report),
+            };
+            use std::io::Write as _;
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            ExitCode::from(report.exit_code())
+        }
+        Err(e) => {
+            eprintln!("edra selftest: {}", edra::util::error_chain(&e));
             ExitCode::FAILURE
         }
     }

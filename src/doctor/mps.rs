@@ -63,8 +63,11 @@ pub fn check(cfg: &Config) -> CheckResult {
     let smi = paths
         .nvidia_smi
         .clone()
-        .unwrap_or_else(|| paths.driver_root.join(crate::gpu::timeslice::DEFAULT_RELATIVE_PATH));
-    let control = paths.mps_control.clone().unwrap_or_else(|| paths.driver_root.join(mps::DEFAULT_RELATIVE_PATH));
+        .unwrap_or_else(|| crate::gpu::driver_tool(&paths.driver_root, crate::gpu::timeslice::DEFAULT_RELATIVE_PATH));
+    let control = paths
+        .mps_control
+        .clone()
+        .unwrap_or_else(|| crate::gpu::driver_tool(&paths.driver_root, mps::DEFAULT_RELATIVE_PATH));
     sharing(&smi, &control, &paths.runtime_dir, Path::new("/proc"), cfg.sharing.enforcement)
 }
 

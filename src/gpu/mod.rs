@@ -137,3 +137,20 @@ impl ChangeCounts {
         ]
     }
 }
+
+/// Folders, relative to the driver root, where the driver's tools are looked for when no
+/// path is configured: distribution packages (`usr/bin`), driver containers and
+/// `/usr/local/nvidia` roots (`bin`), and `/usr/local/nvidia` under `/`.
+pub const TOOL_DIRS: [&str; 4] = ["usr/bin", "bin", "usr/local/nvidia/bin", "usr/sbin"];
+
+/// The driver tool `relative` (`usr/bin/<name>`) under `driver_root`: the first of
+/// [`TOOL_DIRS`] that holds the file, else `driver_root/relative` (named in the error when
+/// it is missing).
+pub fn driver_tool(driver_root: &std::path::Path, relative: &str) -> std::path::PathBuf {
+    let name = std::path::Path::new(relative).file_name().unwrap_or_default();
+    TOOL_DIRS
+        .iter()
+        .map(|d| driver_root.join(d).join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| driver_root.join(relative))
+}

@@ -44,7 +44,8 @@ impl NvidiaSmi {
     /// `nvidia-smi` at `configured`, or under `driver_root` ([`DEFAULT_RELATIVE_PATH`]);
     /// `library_dir` is the driver root's NVML folder when the driver root is not `/`.
     pub fn new(configured: Option<&Path>, driver_root: &Path, library_dir: Option<PathBuf>) -> Self {
-        let path = configured.map(Path::to_path_buf).unwrap_or_else(|| driver_root.join(DEFAULT_RELATIVE_PATH));
+        let path =
+            configured.map(Path::to_path_buf).unwrap_or_else(|| super::driver_tool(driver_root, DEFAULT_RELATIVE_PATH));
         Self { path, library_dir, timeout: TIMEOUT }
     }
 

@@ -25,6 +25,24 @@ pub use monitor::{HealthMonitor, HealthSettings};
 pub use source::{HealthBackend, MockHealth};
 pub use view::{Condition, ConditionKind, GpuHealth};
 
+/// Where health events come from for the device backend called `backend`: the mock's
+/// events file, or NVML's event API on an instance of its own (the library is
+/// reference-counted by the driver); when NVML cannot be loaded, nothing is watched and
+/// every GPU is reported as not monitored, with the reason.
+pub fn backend_for(config: &crate::config::Config, backend: &str) -> std::sync::Arc<dyn HealthBackend> {
+    use std::sync::Arc;
+    if backend == "mock" {
+        return Arc::new(MockHealth::new(&config.node_name, config.mock.gpus, config.mock.events_file.clone()));
+    }
+    match crate::inventory::nvml::NvmlBackend::load(config) {
+        Ok(nvml) => Arc::new(nvml::NvmlHealth::new(nvml)),
+        Err(e) => {
+            let reason = format!("NVML could not be loaded for events: {}", crate::util::error_chain(&e));
+            Arc::new(source::Unwatched { reason })
+        }
+    }
+}
+
 /// The GPUs' health as the monitor last published it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HealthSnapshot {

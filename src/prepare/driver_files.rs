@@ -17,7 +17,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Library folders searched, relative to the driver root.
-pub const LIBRARY_DIRS: [&str; 8] = [
+pub const LIBRARY_DIRS: [&str; 10] = [
     "usr/lib64",
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/aarch64-linux-gnu",
@@ -26,11 +26,13 @@ pub const LIBRARY_DIRS: [&str; 8] = [
     "lib/x86_64-linux-gnu",
     "lib/aarch64-linux-gnu",
     "lib",
+    "usr/local/nvidia/lib64",
+    "usr/local/nvidia/lib",
 ];
 /// Libraries versioned independently of the driver: file name prefixes.
 pub const UNVERSIONED_LIBRARIES: [&str; 1] = ["libnvidia-nvvm70.so."];
 /// Binary folders searched, relative to the driver root.
-pub const BINARY_DIRS: [&str; 5] = ["usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin"];
+pub const BINARY_DIRS: [&str; 6] = ["usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin", "usr/local/nvidia/bin"];
 /// Binaries mounted into GPU containers.
 pub const BINARIES: [&str; 5] =
     ["nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];

@@ -260,11 +260,9 @@ impl PrepareSettings {
                 library_dir.clone(),
             ),
             mps: MpsSettings {
-                control: config
-                    .paths
-                    .mps_control
-                    .clone()
-                    .unwrap_or_else(|| config.paths.driver_root.join(crate::gpu::mps::DEFAULT_RELATIVE_PATH)),
+                control: config.paths.mps_control.clone().unwrap_or_else(|| {
+                    crate::gpu::driver_tool(&config.paths.driver_root, crate::gpu::mps::DEFAULT_RELATIVE_PATH)
+                }),
                 control_key: crate::gpu::mps::CONFIG_KEY,
                 runtime_dir: config.paths.runtime_dir.clone(),
                 // Daemons are processes of this pid namespace, whatever paths.proc_root says.

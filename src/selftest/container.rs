@@ -1,0 +1,71 @@
+//! An optional container run with a prepared claim's CDI devices: with `--image` and
+//! podman (or the runtime `--runtime` names, which must take podman's arguments), the
+//! image's command (default `nvidia-smi -L`) runs with the claim's devices, reading the
+//! spec from the self-test's own CDI folder, and its output is shown.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use super::{Check, Context};
+
+/// How long the container may run.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+/// How much of its output is shown.
+const OUTPUT_LIMIT: usize = 2048;
+
+fn find_runtime(ctx: &Context) -> Option<PathBuf> {
+    if let Some(r) = &ctx.options.runtime {
+        return Some(r.clone());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join("podman")).find(|p| p.is_file())
+}
+
+/// The `container` check for CDI devices `ids` of GPU `gpu`.
+pub async fn check(ctx: &Context, gpu: &str, ids: &[String]) -> Check {
+    let started = Instant::now();
+    let Some(image) = &ctx.options.image else {
+        return Check::skip("container", Some(gpu), "no --image given: no container was started");
+    };
+    let Some(runtime) = find_runtime(ctx) else {
+        return Check::skip("container", Some(gpu), "no podman on PATH (or --runtime): no container was started");
+    };
+    let command = if ctx.options.command.is_empty() {
+        vec!["nvidia-smi".to_string(), "-L".to_string()]
+    } else {
+        ctx.options.command.clone()
+    };
+    let mut cmd = std::process::Command::new(&runtime);
+    cmd.arg("--cdi-spec-dir").arg(&ctx.config.paths.cdi_dynamic_dir).args(["run", "--rm", "--network=none"]);
+    for id in ids {
+        cmd.arg("--device").arg(id);
+    }
+    cmd.arg(image).args(&command).stdin(Stdio::null());
+    let what = format!("{} run {image} {}", runtime.display(), command.join(" "));
+    let out = match tokio::time::timeout(RUN_TIMEOUT, tokio::task::spawn_blocking(move || cmd.output())).await {
+        Ok(Ok(Ok(out))) => out,
+        Ok(Ok(Err(e))) => return Check::fail("container", Some(gpu), started, format!("cannot run {what}: {e}"), ""),
+        Ok(Err(e)) => return Check::fail("container", Some(gpu), started, format!("cannot run {what}: {e}"), ""),
+        Err(_) => {
+            let detail = format!("{what} did not end within {}s", RUN_TIMEOUT.as_secs());
+            return Check::fail("container", Some(gpu), started, detail, "check the runtime and the image");
+        }
+    };
+    let text = |b: &[u8]| {
+        let s = String::from_utf8_lossy(b);
+        let s = s.trim();
+        s.char_indices().nth(OUTPUT_LIMIT).map_or(s.to_string(), |(i, _)| format!("{}…", &s[..i]))
+    };
+    if out.status.success() {
+        Check::pass("container", Some(gpu), started, format!("{what}: {}", text(&out.stdout)))
+    } else {
+        Check::fail(
+            "container",
+            Some(gpu),
+            started,
+            format!("{what} exited with {}: {}", out.status, text(&out.stderr)),
+            "the image must be local (podman images) and hold the command; the runtime must read CDI specs",
+        )
+    }
+}
