@@ -36,6 +36,14 @@ pub async fn check(ctx: &Context, backend_name: &str, inv: &Inventory) -> Vec<Ch
                 started,
                 format!("registered for critical XID and double-bit ECC events{types}"),
             ),
+            Some(Err(reason)) if !reason.starts_with("it supports neither") => Check::fail(
+                "health-events",
+                Some(name),
+                started,
+                format!("the event registration failed: {reason}{types}"),
+                "edra cannot taint this GPU on an XID: check the driver (dmesg, nvidia-smi -q) and that edra runs as \
+                 root; until then the probe alone notices a lost GPU",
+            ),
             Some(Err(reason)) => Check::new(
                 "health-events",
                 Some(name),

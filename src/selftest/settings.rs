@@ -87,10 +87,8 @@ fn with_config(
 ) -> k8s_openapi::api::resource::v1::ResourceClaim {
     let config = json!([{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": ctx.config.driver_name,
         "parameters": {"apiVersion": "gpu.edra.dev/v1alpha1", "kind": "GpuConfig", "sharing": sharing}}}]);
-    if let Some(alloc) = claim.status.as_mut().and_then(|s| s.allocation.as_mut()) {
-        if let Some(devices) = alloc.devices.as_mut() {
-            devices.config = serde_json::from_value(config).ok();
-        }
+    if let Some(devices) = claim.status.as_mut().and_then(|s| s.allocation.as_mut()).and_then(|a| a.devices.as_mut()) {
+        devices.config = serde_json::from_value(config).ok();
     }
     claim
 }

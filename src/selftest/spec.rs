@@ -146,7 +146,8 @@ fn mounts(ctx: &Context, gpu: &str, spec: &Spec) -> Check {
             "the driver changed under edra (an upgrade without a restart?): restart edra",
         );
     }
-    if !ctx.mock && !(has("libcuda.so") && has("libnvidia-ml.so")) {
+    let has_driver = has("libcuda.so") && has("libnvidia-ml.so");
+    if !ctx.mock && !has_driver {
         return Check::new(
             "driver-mounts",
             Some(gpu),

@@ -19,4 +19,5 @@ mod mig_nvml;
 mod packaging;
 mod plugin_grpc;
 mod runtime;
+mod selftest;
 mod support;

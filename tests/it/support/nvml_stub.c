@@ -19,6 +19,9 @@
  * handles count as their parent). Without a config file nvmlInit_v2 returns
  * NVML_ERROR_DRIVER_NOT_LOADED.
  *
+ * A "gpu" record's "procs=<pid>:<bytes>,..." lists the compute processes on it (at most
+ * 8; nvmlDeviceGetComputeRunningProcesses_v3); persistence mode is on for every GPU.
+ *
  * Events: a "gpu" record's "events=<mask>" sets the event types it supports (default
  * 0xf: single- and double-bit ECC, P-state, critical XID). nvmlEventSetWait_v2 reads
  * "nvml_stub.events" beside the library from where it ended when the set was created,
@@ -89,6 +92,8 @@ struct dev {
     unsigned long long mem, memmb, ev_supported, ev_registered;
     int ev_given;
     char model[16];
+    unsigned nprocs, proc_pid[8];
+    unsigned long long proc_mem[8];
 };
 
 struct fail {
@@ -226,6 +231,21 @@ static void field(struct dev *d, struct fail *f, const char *kind, const char *k
         d->ev_given = 1;
     }
     else if (!strcmp(key, "cc")) sscanf(v, "%d.%d", &d->cc_major, &d->cc_minor);
+    else if (!strcmp(key, "procs")) {
+        /* "pid:bytes,pid:bytes": compute processes on the GPU */
+        const char *p = v;
+        while (*p && d->nprocs < 8) {
+            unsigned pid;
+            unsigned long long mem;
+            int used = 0;
+            if (sscanf(p, "%u:%llu%n", &pid, &mem, &used) != 2) break;
+            d->proc_pid[d->nprocs] = pid;
+            d->proc_mem[d->nprocs] = mem;
+            d->nprocs++;
+            p += used;
+            if (*p == ',') p++;
+        }
+    }
     else if (!strcmp(key, "model")) snprintf(d->model, sizeof d->model, "%s", v);
 }
 
@@ -524,6 +544,40 @@ int nvmlDeviceGetHandleByUUID(const char *uuid, void **out) {
         }
     }
     return ERR_NOT_FOUND;
+}
+
+/* Persistence mode: on for every GPU. */
+int nvmlDeviceGetPersistenceMode(void *h, unsigned *out) {
+    STUB_LOCK;
+    DEVICE("nvmlDeviceGetPersistenceMode");
+    if (out == NULL) return ERR_INVALID_ARGUMENT;
+    *out = 1;
+    return SUCCESS;
+}
+
+typedef struct {
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+    unsigned gpuInstanceId, computeInstanceId;
+} process_info_t;
+
+/* The compute processes of a GPU's "procs" field. */
+int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *count, process_info_t *out) {
+    STUB_LOCK;
+    DEVICE("nvmlDeviceGetComputeRunningProcesses_v3");
+    if (count == NULL) return ERR_INVALID_ARGUMENT;
+    if (*count < d->nprocs || (out == NULL && d->nprocs > 0)) {
+        *count = d->nprocs;
+        return ERR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned i = 0; i < d->nprocs; i++) {
+        out[i].pid = d->proc_pid[i];
+        out[i].usedGpuMemory = d->proc_mem[i];
+        out[i].gpuInstanceId = 0xffffffff;
+        out[i].computeInstanceId = 0xffffffff;
+    }
+    *count = d->nprocs;
+    return SUCCESS;
 }
 
 int nvmlDeviceGetComputeMode(void *h, unsigned *out) {
