@@ -58,6 +58,9 @@ pub struct SiteSettings {
     pub mig_mode: bool,
     /// `claims.prefetch` (edra's default: on).
     pub prefetch: bool,
+    /// The device backend: `mock` (the default), or `nvml` for this machine's own GPUs
+    /// (driver root `/`, the host's `/dev` and `/sys`).
+    pub backend: &'static str,
 }
 
 /// Where the state and CDI directories live.
@@ -88,6 +91,7 @@ impl Default for SiteSettings {
             health_events: false,
             mig_mode: false,
             prefetch: true,
+            backend: "mock",
         }
     }
 }
@@ -138,9 +142,12 @@ impl Site {
         if let Some(run) = &run_tmp {
             paths.runtime_dir = run.path().to_path_buf();
         }
+        if settings.backend == "nvml" {
+            (paths.driver_root, paths.dev_root, paths.sys_root) = ("/".into(), "/dev".into(), "/sys".into());
+        }
         let toml = format!(
             r#"node_name = "{NODE}"
-backend = "mock"
+backend = "{backend}"
 
 [log]
 level = "{log}"
@@ -163,6 +170,7 @@ gpus = {gpus}
 {mig}
 "#,
             log = settings.log_level,
+            backend = settings.backend,
             kubeconfig = toml_path(&kubeconfig),
             paths = paths_toml(&paths),
             rediscovery = settings.rediscovery,
