@@ -106,6 +106,7 @@ impl Report {
             self.count(Status::Fail),
             self.count(Status::Skip)
         ));
+        out.push_str("`edra selftest` prepares claims on this node's GPUs without a cluster (docs/selftest.md)\n");
         out
     }
 }
