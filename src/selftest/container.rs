@@ -1,7 +1,10 @@
 //! An optional container run with a prepared claim's CDI devices: with `--image` and
-//! podman (or the runtime `--runtime` names, which must take podman's arguments), the
-//! image's command (default `nvidia-smi -L`) runs with the claim's devices, reading the
-//! spec from the self-test's own CDI folder, and its output is shown.
+//! podman (or the program `--runtime` names, which must take podman's arguments), the
+//! image's command (default `nvidia-smi -L`) runs with the claim's devices and its output
+//! is shown. podman reads specs from `/etc/cdi` and `/run/cdi` (4.3 from `/run/cdi` only,
+//! and has no flag for another folder), so it runs in a mount namespace of its own
+//! (`unshare --mount`) in which the self-test's CDI folder is bound over `/run/cdi`: the
+//! node's own dynamic specs are never touched, and the runtime sees the self-test's.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -11,6 +14,8 @@ use super::{Check, Context};
 
 /// How long the container may run.
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+/// Binds `$1` over `/run/cdi` and runs the rest (in the private namespace).
+const BIND_AND_RUN: &str = r#"mkdir -p /run/cdi && mount --bind "$1" /run/cdi && shift && exec "$@""#;
 /// How much of its output is shown.
 const OUTPUT_LIMIT: usize = 2048;
 
@@ -36,8 +41,15 @@ pub async fn check(ctx: &Context, gpu: &str, ids: &[String]) -> Check {
     } else {
         ctx.options.command.clone()
     };
-    let mut cmd = std::process::Command::new(&runtime);
-    cmd.arg("--cdi-spec-dir").arg(&ctx.config.paths.cdi_dynamic_dir).args(["run", "--rm", "--network=none"]);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Check::skip("container", Some(gpu), "not root: the container runs in a mount namespace of its own");
+    }
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", BIND_AND_RUN, "sh"])
+        .arg(&ctx.config.paths.cdi_dynamic_dir)
+        .arg(&runtime)
+        .args(["run", "--rm", "--network=none"]);
     for id in ids {
         cmd.arg("--device").arg(id);
     }

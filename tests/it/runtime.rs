@@ -61,7 +61,7 @@ impl Image {
 
 /// Returns false (after printing why) when `tools` are missing or the test is not root; under
 /// `CI=true` that panics instead.
-fn have(test: &str, tools: &[&str]) -> bool {
+pub(crate) fn have(test: &str, tools: &[&str]) -> bool {
     let missing: Vec<&str> = tools.iter().copied().filter(|t| which(t).is_none()).collect();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -73,7 +73,7 @@ fn have(test: &str, tools: &[&str]) -> bool {
 }
 
 /// Prints why `test` does not run and returns false; under `CI=true` panics instead.
-fn skip(test: &str, reason: &str) -> bool {
+pub(crate) fn skip(test: &str, reason: &str) -> bool {
     assert!(std::env::var("CI").as_deref() != Ok("true"), "{test}: {reason}; .ci/run installs what it needs");
     eprintln!("{test}: skipped: {reason}");
     false
@@ -81,7 +81,7 @@ fn skip(test: &str, reason: &str) -> bool {
 
 /// Whether the runtime can run a trivial container at all (`cmd`, no CDI edits); else
 /// [`skip`] with the runtime's own words.
-fn runtime_runs(test: &str, runtime: &str, cmd: &mut Command) -> bool {
+pub(crate) fn runtime_runs(test: &str, runtime: &str, cmd: &mut Command) -> bool {
     match cmd.stdin(Stdio::null()).output() {
         Ok(out) if out.status.success() => true,
         Ok(out) => skip(

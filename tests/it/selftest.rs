@@ -286,3 +286,66 @@ fn the_mock_backend_passes_without_hardware_and_says_what_it_skipped() {
     assert!(text.contains("0 failed"), "{text}");
     assert!(out.stderr.is_empty(), "no log lines by default: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A busybox image imported into a podman store of the test's own; a wrapper script that
+/// runs podman on that store is the `--runtime`.
+fn busybox_image(node: &Node) -> Option<(String, PathBuf)> {
+    let test = "a_container_runs_with_the_claims_devices";
+    if !crate::runtime::have(test, &["podman", "runc", "busybox", "unshare", "mount", "tar"]) {
+        return None;
+    }
+    let dir = node.root().join("podman");
+    let rootfs = dir.join("rootfs");
+    for sub in ["bin", "etc", "dev", "proc", "sys", "tmp"] {
+        std::fs::create_dir_all(rootfs.join(sub)).unwrap();
+    }
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"].into_iter().find(|p| Path::new(p).is_file()).unwrap();
+    std::fs::copy(busybox, rootfs.join("bin/busybox")).unwrap();
+    for tool in ["sh", "ls", "cat", "readlink"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(tool)).unwrap();
+    }
+    std::fs::write(
+        dir.join("containers.conf"),
+        "[containers]\ndefault_ulimits = []\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",
+    )
+    .unwrap();
+    let wrapper = dir.join("podman.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nCONTAINERS_CONF={d}/containers.conf exec podman --root {d}/root --runroot {d}/runroot \
+             --storage-driver vfs \"$@\"\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let tarball = dir.join("busybox.tar");
+    let tar = Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tarball).arg(".").status().unwrap();
+    assert!(tar.success());
+    let tag = format!("localhost/edra-selftest-{}:latest", std::process::id());
+    let import = Command::new(&wrapper).arg("import").arg(&tarball).arg(&tag).output().unwrap();
+    assert!(import.status.success(), "podman import: {}", String::from_utf8_lossy(&import.stderr));
+    let mut probe = Command::new(&wrapper);
+    probe.args(["run", "--rm", "--network=none", &tag, "sh", "-c", "true"]);
+    crate::runtime::runtime_runs(test, "podman", &mut probe).then_some((tag, wrapper))
+}
+
+#[test]
+fn a_container_runs_with_the_claims_devices() {
+    let node = Node::new("", "");
+    let Some((image, wrapper)) = busybox_image(&node) else { return };
+    let runtime = wrapper.to_str().unwrap();
+    let script = "ls -l /dev/nvidia0; readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1";
+    let (code, report, _) = node.selftest(&["--image", &image, "--runtime", runtime, "--", "sh", "-c", script]);
+    let c = check(&report, "container");
+    assert_eq!(c["status"], "pass", "{c:#}");
+    assert_eq!(code, 0, "{report:#}");
+    let detail = c["detail"].as_str().unwrap();
+    assert!(detail.contains("195,") && detail.contains("/dev/nvidia0"), "the GPU's device node: {detail}");
+    assert!(detail.contains(&format!("libcuda.so.{VERSION}")), "the driver's library link: {detail}");
+    // The node's own CDI folder was never used.
+    assert!(!Path::new("/run/cdi").read_dir().is_ok_and(|mut d| {
+        d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().contains("5e1f7e57-0000-4000-8000")))
+    }));
+}
