@@ -8,6 +8,8 @@ const PROTOS: &[&str] = &[
     "proto/dra/v1beta1/api.proto",
     "proto/pluginregistration/v1/api.proto",
     "proto/dra-health/v1alpha1/api.proto",
+    "proto/dra-health/v1beta1/api.proto",
+    "proto/dra-health/v1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

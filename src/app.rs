@@ -187,7 +187,7 @@ pub async fn run_signalling(
     let health_snapshot = monitor.snapshot.clone();
     let (health_list_tx, health_list_rx) = watch::channel(HealthList::default());
     let listing_health = tokio::spawn(list_device_health(
-        config.node_name.clone(),
+        (config.node_name.clone(), health_check_timeout(config.health.probe_interval)),
         inventory_rx.clone(),
         health_snapshot.clone(),
         health_list_tx,
@@ -388,8 +388,15 @@ async fn discover(backend: &Arc<dyn DeviceBackend>) -> Result<Inventory, invento
 
 /// Keeps the kubelet's device health list (every device, its state and why) up to date
 /// with the inventory and the GPUs' health.
+/// How long the kubelet may go without a health report before it calls a device's health
+/// unknown: three times the longer of the stream's resend period and the probe interval,
+/// so one late probe or one lost list does not flip it.
+fn health_check_timeout(probe_interval: Duration) -> Duration {
+    crate::plugin::RESEND_EVERY.max(probe_interval).saturating_mul(3)
+}
+
 async fn list_device_health(
-    pool: String,
+    (pool, timeout): (String, Duration),
     mut inventory: watch::Receiver<Arc<Inventory>>,
     mut health: watch::Receiver<Arc<HealthSnapshot>>,
     list: watch::Sender<HealthList>,
@@ -413,7 +420,7 @@ async fn list_device_health(
                         DeviceState::Unknown => Health::Unknown,
                     },
                     last_updated: now,
-                    timeout: None,
+                    timeout: Some(timeout),
                     message,
                 }
             })

@@ -18,6 +18,36 @@ use serde::{Deserialize, Serialize};
 pub const XID_DOUBLE_BIT_ECC: u64 = 48;
 /// NVML's event data for an XID it cannot name.
 pub const XID_UNKNOWN: u64 = 999;
+
+/// What NVIDIA's XID catalog says an XID means, for the critical ones NVML reports; `None`
+/// for others (the message then gives the number alone).
+pub fn xid_meaning(xid: u64) -> Option<&'static str> {
+    Some(match xid {
+        13 => "graphics engine exception",
+        31 => "GPU memory page fault",
+        43 => "GPU stopped processing",
+        45 => "preemptive cleanup after earlier errors",
+        48 => "double-bit ECC error",
+        61 => "internal micro-controller breakpoint",
+        62 => "internal micro-controller halt",
+        63 => "ECC page retirement or row remapping recorded",
+        64 => "ECC page retirement or row remapping failed",
+        68 => "video processor exception",
+        69 => "graphics engine class error",
+        74 => "NVLink error",
+        79 => "GPU has fallen off the bus",
+        92 => "high single-bit ECC error rate",
+        94 => "contained ECC error",
+        95 => "uncontained ECC error",
+        109 => "context switch timeout",
+        119 => "GSP RPC timeout",
+        120 => "GSP error",
+        121 => "C2C link corrected error",
+        140 => "unrecovered ECC error",
+        154 => "GPU recovery action changed",
+        _ => return None,
+    })
+}
 /// The application-level XIDs ignored by default (as NVIDIA's device plugin does): 13
 /// graphics engine exception, 31 memory page fault, 43 GPU stopped processing, 45
 /// preemptive cleanup, 68 video processor exception, 109 context switch timeout.
@@ -189,10 +219,10 @@ impl HealthView {
                 if rules.ignored_xids.contains(&xid) {
                     return vec![Change::Ignored { gpu, xid }];
                 }
-                let message = if xid == XID_UNKNOWN {
-                    "NVML reported a critical XID it could not name (999)".to_string()
-                } else {
-                    format!("NVML reported critical XID {xid}")
+                let message = match (xid, xid_meaning(xid)) {
+                    (XID_UNKNOWN, _) => "NVML reported a critical XID it could not name (999)".to_string(),
+                    (_, Some(meaning)) => format!("NVML reported critical XID {xid} ({meaning})"),
+                    (_, None) => format!("NVML reported critical XID {xid}"),
                 };
                 self.raise(&gpu, ConditionKind::Xid, Some(xid.to_string()), true, message, now)
             }

@@ -1,28 +1,34 @@
-//! The `v1alpha1.DRAResourceHealth` service on the DRA socket: streams the complete device
-//! health list to the kubelet, first at once and then after every change.
+//! The `DRAResourceHealth` service on the DRA socket, in every version a kubelet may call
+//! (`v1`, `v1beta1`, `v1alpha1`: the same messages in three proto packages): streams the
+//! complete device health list to the kubelet, first at once and then after every change.
 //!
 //! The health source is a `watch` channel of complete lists, so a slow kubelet only ever
 //! sees the newest list. Without a change the list is sent again every [`RESEND_EVERY`]
-//! (stamped with the time of sending), well within the kubelet's 30 s health timeout. Streams end when the source is dropped or the plugin shuts down
-//! (an open stream would otherwise hold the connection through the shutdown grace
-//! period); the kubelet reopens them every few seconds.
+//! (stamped with the time of sending), well within the kubelet's 30 s health timeout.
+//! Messages longer than the kubelet keeps ([`MESSAGE_LIMIT`] characters) are cut as it
+//! would cut them. Streams end when the source is dropped or the plugin shuts down (an
+//! open stream would otherwise hold the connection through the shutdown grace period); the
+//! kubelet reopens them every few seconds.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
-
-use super::proto::health_v1alpha1 as proto;
-use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealth;
 
 /// How often an unchanged list is sent again.
 pub const RESEND_EVERY: Duration = Duration::from_secs(10);
 
-/// The health service name advertised to the kubelet when health is served.
-pub const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+/// The health services advertised to the kubelet when health is served, newest first; a
+/// kubelet calls the newest it knows.
+pub const HEALTH_SERVICES: [&str; 3] =
+    ["v1.DRAResourceHealth", "v1beta1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"];
+
+/// The longest message the kubelet keeps, in characters; longer ones are cut to
+/// `MESSAGE_LIMIT - 3` characters and `...`, as the kubelet itself cuts them.
+pub const MESSAGE_LIMIT: usize = 1024;
 
 /// A device's health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,9 +63,20 @@ pub struct DeviceHealth {
 /// The complete health list of the driver's devices on this node.
 pub type HealthList = Arc<Vec<DeviceHealth>>;
 
-type HealthStream = Pin<Box<dyn Stream<Item = Result<proto::NodeWatchResourcesResponse, Status>> + Send>>;
+/// One device's entry as every version sends it (the versions differ only in package).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Wire {
+    pool_name: String,
+    device_name: String,
+    /// `HealthStatus`: 0 unknown, 1 healthy, 2 unhealthy.
+    health: i32,
+    last_updated_time: i64,
+    health_check_timeout_seconds: i64,
+    message: String,
+}
 
-/// The DRAResourceHealth service.
+/// The DRAResourceHealth service, one value per version served.
+#[derive(Clone)]
 pub(crate) struct HealthService {
     source: watch::Receiver<HealthList>,
     stopping: watch::Receiver<bool>,
@@ -69,76 +86,115 @@ impl HealthService {
     pub(crate) fn new(source: watch::Receiver<HealthList>, stopping: watch::Receiver<bool>) -> Self {
         HealthService { source, stopping }
     }
-}
 
-#[tonic::async_trait]
-impl DraResourceHealth for HealthService {
-    type NodeWatchResourcesStream = HealthStream;
-
-    async fn node_watch_resources(
-        &self,
-        _request: Request<proto::NodeWatchResourcesRequest>,
-    ) -> Result<Response<HealthStream>, Status> {
+    /// The lists to send: the current one at once, then after every change, and again
+    /// every [`RESEND_EVERY`] without one (stamped with the time of sending); ends on
+    /// shutdown or when the source is gone.
+    fn lists(&self, version: &'static str) -> impl Stream<Item = Vec<Wire>> + Send + 'static {
         let mut source = self.source.clone();
         source.mark_changed();
-        tracing::info!("the kubelet opened the device health stream");
-        let stream =
-            futures_util::stream::unfold((source, self.stopping.clone()), |(mut source, mut stopping)| async move {
-                let resend = tokio::select! {
-                    changed = source.changed() => {
-                        if changed.is_err() {
-                            tracing::debug!("the health source is gone; ending the health stream");
-                            return None;
-                        }
-                        false
+        tracing::info!(version, "the kubelet opened the device health stream");
+        futures_util::stream::unfold((source, self.stopping.clone()), |(mut source, mut stopping)| async move {
+            let resend = tokio::select! {
+                changed = source.changed() => {
+                    if changed.is_err() {
+                        tracing::debug!("the health source is gone; ending the health stream");
+                        return None;
                     }
-                    () = tokio::time::sleep(RESEND_EVERY) => true,
-                    _ = stopping.wait_for(|stop| *stop) => return None,
-                };
-                let list = Arc::clone(&source.borrow_and_update());
-                let now = SystemTime::now();
-                let devices = list
-                    .iter()
-                    .map(|d| {
-                        let mut wire = to_proto(d);
-                        if resend {
-                            wire.last_updated_time = wire.last_updated_time.max(unix_seconds(now));
-                        }
-                        wire
-                    })
-                    .collect();
-                let answer = proto::NodeWatchResourcesResponse { devices };
-                Some((Ok(answer), (source, stopping)))
-            });
-        Ok(Response::new(Box::pin(stream)))
+                    false
+                }
+                () = tokio::time::sleep(RESEND_EVERY) => true,
+                _ = stopping.wait_for(|stop| *stop) => return None,
+            };
+            let list = Arc::clone(&source.borrow_and_update());
+            let now = unix_seconds(SystemTime::now());
+            let devices = list
+                .iter()
+                .map(|d| {
+                    let mut wire = to_wire(d);
+                    if resend {
+                        wire.last_updated_time = wire.last_updated_time.max(now);
+                    }
+                    wire
+                })
+                .collect();
+            Some((devices, (source, stopping)))
+        })
     }
 }
+
+/// Implements one version's service over [`HealthService::lists`].
+macro_rules! health_version {
+    ($module:ident, $name:literal) => {
+        #[tonic::async_trait]
+        impl super::proto::$module::dra_resource_health_server::DraResourceHealth for HealthService {
+            type NodeWatchResourcesStream =
+                Pin<Box<dyn Stream<Item = Result<super::proto::$module::NodeWatchResourcesResponse, Status>> + Send>>;
+
+            async fn node_watch_resources(
+                &self,
+                _request: Request<super::proto::$module::NodeWatchResourcesRequest>,
+            ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+                use super::proto::$module as p;
+                let stream = self.lists($name).map(|list| {
+                    let devices = list
+                        .into_iter()
+                        .map(|w| p::DeviceHealth {
+                            device: Some(p::DeviceIdentifier { pool_name: w.pool_name, device_name: w.device_name }),
+                            health: w.health,
+                            last_updated_time: w.last_updated_time,
+                            health_check_timeout_seconds: w.health_check_timeout_seconds,
+                            message: w.message,
+                        })
+                        .collect();
+                    Ok(p::NodeWatchResourcesResponse { devices })
+                });
+                Ok(Response::new(Box::pin(stream)))
+            }
+        }
+    };
+}
+
+health_version!(health_v1, "v1");
+health_version!(health_v1beta1, "v1beta1");
+health_version!(health_v1alpha1, "v1alpha1");
 
 fn unix_seconds(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH).map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)).unwrap_or(0)
 }
 
-fn to_proto(device: &DeviceHealth) -> proto::DeviceHealth {
+/// `message` as the kubelet keeps it: at most [`MESSAGE_LIMIT`] characters.
+pub fn kubelet_message(message: &str) -> String {
+    match message.char_indices().nth(MESSAGE_LIMIT) {
+        None => message.to_string(),
+        Some(_) => {
+            let cut = message.char_indices().nth(MESSAGE_LIMIT - 3).map_or(message.len(), |(i, _)| i);
+            format!("{}...", &message[..cut])
+        }
+    }
+}
+
+fn to_wire(device: &DeviceHealth) -> Wire {
     let health = match device.health {
-        Health::Unknown => proto::HealthStatus::Unknown,
-        Health::Healthy => proto::HealthStatus::Healthy,
-        Health::Unhealthy => proto::HealthStatus::Unhealthy,
+        Health::Unknown => 0,
+        Health::Healthy => 1,
+        Health::Unhealthy => 2,
     };
     let seconds = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
-    proto::DeviceHealth {
-        device: Some(proto::DeviceIdentifier {
-            pool_name: device.pool_name.clone(),
-            device_name: device.device_name.clone(),
-        }),
-        health: health as i32,
+    Wire {
+        pool_name: device.pool_name.clone(),
+        device_name: device.device_name.clone(),
+        health,
         last_updated_time: device.last_updated.duration_since(UNIX_EPOCH).map(seconds).unwrap_or(0),
         health_check_timeout_seconds: device.timeout.map(seconds).unwrap_or(0),
-        message: device.message.clone(),
+        message: kubelet_message(&device.message),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::proto::health_v1alpha1 as proto;
+    use super::super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealth;
     use super::*;
 
     #[test]
@@ -151,19 +207,29 @@ mod tests {
             timeout: Some(Duration::from_secs(45)),
             message: "XID 79: GPU fell off the bus".into(),
         };
-        let wire = to_proto(&device);
-        assert_eq!(wire.device.as_ref().map(|d| d.device_name.as_str()), Some("gpu-1"));
+        let wire = to_wire(&device);
+        assert_eq!(wire.device_name, "gpu-1");
         assert_eq!(wire.health, proto::HealthStatus::Unhealthy as i32);
         assert_eq!(wire.last_updated_time, 1_700_000_000);
         assert_eq!(wire.health_check_timeout_seconds, 45);
-        let unknown = to_proto(&DeviceHealth { health: Health::Unknown, timeout: None, ..device });
-        assert_eq!(unknown.health, 0);
+        assert_eq!(wire.message, "XID 79: GPU fell off the bus");
+        let unknown = to_wire(&DeviceHealth { health: Health::Unknown, timeout: None, ..device });
+        assert_eq!(unknown.health, proto::HealthStatus::Unknown as i32);
         assert_eq!(unknown.health_check_timeout_seconds, 0);
+    }
+
+    #[test]
+    fn long_messages_are_cut_as_the_kubelet_cuts_them() {
+        assert_eq!(kubelet_message("short"), "short");
+        let exact = "é".repeat(MESSAGE_LIMIT);
+        assert_eq!(kubelet_message(&exact), exact, "1,024 characters are kept whole");
+        let cut = kubelet_message(&"é".repeat(MESSAGE_LIMIT + 1));
+        assert_eq!(cut.chars().count(), MESSAGE_LIMIT);
+        assert!(cut.ends_with("é..."), "{cut}");
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_list_is_sent_at_once_on_changes_and_again_every_ten_seconds() {
-        use futures_util::StreamExt;
         let device = DeviceHealth {
             pool_name: "n1".into(),
             device_name: "gpu-0".into(),

@@ -25,7 +25,7 @@ mod server;
 mod socket;
 
 pub use handler::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
-pub use health::{DeviceHealth, HEALTH_SERVICE, Health, HealthList};
+pub use health::{DeviceHealth, HEALTH_SERVICES, Health, HealthList, MESSAGE_LIMIT, RESEND_EVERY};
 pub use observer::{CallObserver, CallOutcome, CallReport, DraMethod, NoObserver};
 pub use registration::{PLUGIN_TYPE, RegistrationState, SUPPORTED_VERSIONS};
 pub use server::{PluginOptions, PluginServer};

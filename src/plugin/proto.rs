@@ -29,6 +29,18 @@ pub mod health_v1alpha1 {
     tonic::include_proto!("v1alpha1");
 }
 
+/// `v1beta1`: the same stream as `v1alpha1`, as newer kubelets call it.
+pub mod health_v1beta1 {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    tonic::include_proto!("v1beta1");
+}
+
+/// `v1`: the same stream as `v1alpha1`, as newer kubelets call it.
+pub mod health_v1 {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    tonic::include_proto!("v1");
+}
+
 /// The gRPC codec of the services above: prost's, except that a request that is not a
 /// valid protobuf message is the caller's fault and answered `INVALID_ARGUMENT` (prost's
 /// codec says `INTERNAL`, which reads as a bug in edra). Wired in by `build.rs`.

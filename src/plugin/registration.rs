@@ -57,7 +57,7 @@ impl RegistrationService {
     ) -> Self {
         let mut versions: Vec<String> = SUPPORTED_VERSIONS.iter().map(|v| (*v).to_string()).collect();
         if health {
-            versions.push(super::health::HEALTH_SERVICE.to_string());
+            versions.extend(super::health::HEALTH_SERVICES.iter().map(|v| (*v).to_string()));
         }
         RegistrationService { driver, endpoint, versions, state, observer }
     }

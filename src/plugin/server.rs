@@ -23,7 +23,9 @@ use super::inflight::InFlight;
 use super::observer::{CallObserver, NoObserver};
 use super::proto::dra_v1::dra_plugin_server::DraPluginServer as DraV1Server;
 use super::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as DraV1beta1Server;
-use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer;
+use super::proto::health_v1::dra_resource_health_server::DraResourceHealthServer as HealthV1Server;
+use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthV1alpha1Server;
+use super::proto::health_v1beta1::dra_resource_health_server::DraResourceHealthServer as HealthV1beta1Server;
 use super::proto::registration::registration_server::RegistrationServer;
 use super::registration::{RegistrationService, RegistrationState};
 use super::socket::{self, BoundSocket, Connections, FileId};
@@ -126,11 +128,13 @@ impl PluginServer {
         let calls = DraCalls::new(handler, Arc::clone(&inflight), Arc::clone(&observer));
         let (stopping, stopping_rx) = watch::channel(false);
         let serves_health = health.is_some();
-        let health = health.map(|source| DraResourceHealthServer::new(HealthService::new(source, stopping_rx)));
+        let health = health.map(|source| HealthService::new(source, stopping_rx));
         let dra_router = Server::builder()
             .add_service(DraV1Server::new(DraV1(Arc::clone(&calls))))
             .add_service(DraV1beta1Server::new(DraV1beta1(calls)))
-            .add_optional_service(health);
+            .add_optional_service(health.clone().map(HealthV1Server::new))
+            .add_optional_service(health.clone().map(HealthV1beta1Server::new))
+            .add_optional_service(health.map(HealthV1alpha1Server::new));
         let dra = serve("dra", dra_socket, move |incoming, stop| async move {
             dra_router.serve_with_incoming_shutdown(incoming, stop).await
         });

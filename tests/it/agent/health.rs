@@ -220,7 +220,9 @@ async fn the_kubelet_health_stream_reports_unhealthy_then_healthy() {
         }
     };
     let (_, message) = state(&unhealthy, "gpu-3").expect("gpu-3");
-    assert!(message.contains("XID 79"), "{message}");
+    assert_eq!(message, "NVML reported critical XID 79 (GPU has fallen off the bus)");
+    // Three times the 10 s resend period (the probe interval here is shorter).
+    assert!(unhealthy.devices.iter().all(|d| d.health_check_timeout_seconds == 30), "{unhealthy:?}");
     assert_eq!(state(&unhealthy, "gpu-0").map(|s| s.0), Some(health::HealthStatus::Healthy as i32));
     loop {
         let m = next_message(&mut stream).await;
