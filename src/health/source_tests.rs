@@ -1,9 +1,7 @@
 //! The mock events file: lines, events, and what an overlong or bad line costs.
 
 use super::*;
-
-#[path = "../../tests/it/support/captured_logs.rs"]
-mod captured_logs;
+use crate::captured_logs;
 
 #[test]
 fn lines_name_events_by_gpu_index() {

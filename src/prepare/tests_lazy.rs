@@ -4,11 +4,7 @@
 
 use super::*;
 use crate::state::tests::as_on_disk;
-use captured_logs::CapturedLogs;
-
-#[allow(dead_code)] // what only the integration tests use
-#[path = "../../tests/it/support/captured_logs.rs"]
-mod captured_logs;
+use crate::captured_logs::CapturedLogs;
 
 fn spec_path(f: &Fixture, uid: &str) -> PathBuf {
     f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{uid}.json"))
