@@ -218,6 +218,8 @@ pub async fn run_signalling(
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
+    // After the state and plugin directories got the modes edra gives them.
+    crate::dirmode::warn_open_dirs(&config.paths, &config.driver_name);
     if let Some(ready) = ready {
         let _ = ready.send(Serving::of(&plugin));
     }

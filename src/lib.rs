@@ -19,6 +19,7 @@
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
 //! - [`instance`]: the lock files that keep a second agent off the node.
+//! - [`dirmode`]: the directories edra uses that others could write in.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
 //! - [`failpoint`]: crash points of prepare and unprepare for crash-consistency tests.
 //! - [`util`]: the version and error rendering every layer shares; imports nothing of edra.
@@ -27,6 +28,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod device_config;
+pub mod dirmode;
 pub mod doctor;
 pub mod failpoint;
 #[doc(hidden)]

@@ -126,6 +126,7 @@ pub async fn run(cfg: &Config) -> Report {
     checks.push(host::device_nodes(cfg, discovered.as_ref()));
     checks.push(host::kubelet_dirs(&cfg.paths));
     checks.push(host::cdi_dirs(&cfg.paths, &cfg.driver_name));
+    checks.push(host::dir_modes(&cfg.paths, &cfg.driver_name));
     checks.push(runtime::container_runtime(&cfg.runtime, &cfg.paths.cdi_dynamic_dir));
     checks.extend(cluster::checks(cfg).await);
     let specs = host::edra_spec_uids(&cfg.paths.cdi_dynamic_dir, &cfg.driver_name);

@@ -54,6 +54,8 @@ pub(crate) fn prepare_dir(dir: &Path, owned: bool) -> Result<(), PluginError> {
         fs::set_permissions(dir, Permissions::from_mode(0o750)).map_err(failed)?;
     } else if let Ok(meta) = fs::metadata(dir)
         && meta.mode() & 0o007 != 0
+        // One others can write in is reported at start, with its fix (crate::dirmode).
+        && !crate::dirmode::writable_by_others(meta.mode() & 0o7777, meta.uid())
     {
         tracing::warn!(path = %dir.display(), mode = format!("{:o}", meta.mode() & 0o7777), "directory is accessible to every user");
     }
