@@ -201,6 +201,24 @@ async fn a_cdi_directory_others_can_write_fails_naming_it_and_the_chmod() {
 }
 
 #[tokio::test]
+async fn a_metrics_port_another_process_holds_is_named_with_its_pid() {
+    let server = node_server(Options::default()).await;
+    let node = Node::new();
+    let kubeconfig = server.write_kubeconfig(node.dir.path(), &Identity::node("n1")).expect("kubeconfig");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = taken.local_addr().expect("address");
+    let set = format!("metrics.address={address}");
+    let out = node.doctor(&node.config(&kubeconfig), &["--output", "json", "--set", &set]).await;
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(0), "edra works without it: {r:#}");
+    let port = check(&r, "metrics-port");
+    assert_eq!(port["status"], "warn", "{port}");
+    let pid = std::process::id();
+    assert!(text(port, "detail").starts_with(&format!("{address} is held by pid {pid} (")), "{port}");
+    assert!(text(port, "fix").contains(&format!("kill {pid}")), "{port}");
+}
+
+#[tokio::test]
 async fn a_server_without_dra_gets_the_enable_hint_for_its_version() {
     let server =
         node_server(Options { git_version: "v1.33.4+k3s1".into(), versions: vec![], ..Options::default() }).await;
