@@ -51,7 +51,7 @@ pub(crate) fn prepare_dir(dir: &Path, owned: bool) -> Result<(), PluginError> {
     let failed = |source| PluginError::CreateDir { path: dir.to_path_buf(), source };
     DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(failed)?;
     if owned {
-        fs::set_permissions(dir, Permissions::from_mode(0o750)).map_err(failed)?;
+        crate::util::set_dir_mode(dir, 0o750).map_err(failed)?;
     } else if let Ok(meta) = fs::metadata(dir)
         && meta.mode() & 0o007 != 0
         // One others can write in is reported at start, with its fix (crate::dirmode).
@@ -333,6 +333,27 @@ pub(crate) fn incoming(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_link_planted_at_edras_own_directory_is_refused_and_its_target_keeps_its_mode() {
+        use crate::util::planted;
+        if !planted::is_root() {
+            eprintln!("skipped: planting a link as another user needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(tmp.path(), Permissions::from_mode(0o711)).unwrap();
+        let (plugins, target) = (tmp.path().join("plugins"), tmp.path().join("etc"));
+        fs::create_dir(&plugins).unwrap();
+        fs::create_dir(&target).unwrap();
+        fs::set_permissions(&target, Permissions::from_mode(0o755)).unwrap();
+        let own = plugins.join("gpu.edra.dev");
+        planted::link_as_nobody(&plugins, &target, &own);
+        let err = prepare_dir(&own, true).unwrap_err();
+        let msg = crate::util::error_chain(&err);
+        assert!(msg.contains("is a symbolic link; edra does not follow it"), "{msg}");
+        assert_eq!(fs::metadata(&target).unwrap().mode() & 0o7777, 0o755, "the link's target keeps its mode");
+    }
 
     #[tokio::test]
     async fn a_live_socket_is_never_replaced_and_a_dead_one_is() {
