@@ -1,12 +1,62 @@
-//! What a user of the node without privileges can do to `edra run`: directories edra uses
-//! that others can write are named at WARN with their fix, once each; a metrics port bound
-//! first keeps edra neither from the kubelet nor from the port once it is free.
+//! What a user of the node without privileges can do to `edra run`: a link planted at a
+//! lock file is refused, not written through; directories edra uses that others can write
+//! are named at WARN with their fix, once each; a metrics port bound first keeps edra
+//! neither from the kubelet nor from the port once it is free.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use crate::support::agent::{ChildAgent, Cluster, WAIT, prepare_ok};
+use crate::support::agent::{ChildAgent, Cluster, DRIVER, WAIT, prepare_ok};
+
+/// The unprivileged user that plants links.
+const NOBODY: u32 = 65534;
+
+#[tokio::test]
+async fn a_link_planted_at_the_cdi_lock_by_another_user_is_refused_and_its_target_kept() {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: planting a link as another user needs root");
+        return;
+    }
+    let cluster = Cluster::start().await;
+    let cdi = cluster.fs().cdi_dir();
+    // A root-only file, and a CDI directory the user may write in.
+    let secret = cluster.dir.path().join("secret");
+    std::fs::write(&secret, "root's secret\n").expect("write the secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod 0600");
+    for dir in [cluster.dir.path(), &cluster.fs().root, cdi.parent().expect("cdi's parent")] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).expect("let nobody through");
+    }
+    std::os::unix::fs::chown(&cdi, Some(NOBODY), Some(NOBODY)).expect("give the CDI directory to nobody");
+    let lock = cdi.join(format!(".k8s.{DRIVER}.lock"));
+    let planted = std::process::Command::new("ln")
+        .arg("-s")
+        .arg(&secret)
+        .arg(&lock)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .status()
+        .expect("run ln as nobody");
+    assert!(planted.success(), "ln -s as nobody: {planted}");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_edra"))
+        .arg("--config")
+        .arg(cluster.config_file("n1"))
+        .arg("run")
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(WAIT, out).await.expect("edra exits").expect("run edra");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let said =
+        format!("edra: {} is a symbolic link, not a regular file; edra does not write through it", lock.display());
+    assert!(stderr.contains(&said), "{stderr}");
+    assert!(stderr.contains(&format!("chmod go-w {}", cdi.display())), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&secret).expect("read the secret"), "root's secret\n");
+}
 
 /// `GET path` on `address`: the status code, or `None` while nothing answers there.
 fn status_of(address: std::net::SocketAddr, path: &str) -> Option<u16> {
