@@ -3,9 +3,10 @@
 //! Start: credentials (offline; a malformed kubeconfig stops here) → discover devices →
 //! open and recover the state → serve the DRA socket, then the registration socket →
 //! publish slices; the metrics address is bound first and served once the plugin runs (an
-//! address another process holds is bound later, when free; the kubelet is served regardless). The API server is needed only for publishing and for first-time
-//! prepares: when it is unreachable the kubelet is still served, so claims prepared before
-//! keep working and can be released. SIGTERM/SIGINT: stop publishing (slices stay), let
+//! address another process holds is bound later, when free; the kubelet is served
+//! regardless). The API server is needed only for publishing and for first-time prepares:
+//! when it is unreachable the kubelet is still served, so claims prepared before keep
+//! working and can be released. SIGTERM/SIGINT: stop publishing (slices stay), let
 //! in-flight kubelet calls finish within the grace period, remove our sockets.
 
 use std::path::PathBuf;
