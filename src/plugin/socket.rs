@@ -91,6 +91,13 @@ pub(crate) fn bind(path: &Path, stage: &Path) -> Result<BoundSocket, PluginError
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(source) => return Err(PluginError::Inspect { path: path.to_path_buf(), source }),
     }
+    // Where earlier versions bound it, beside `path`: a socket a killed one left there goes.
+    if let Some(old) = staged_name(path, path.parent().unwrap_or(stage))
+        && old.parent() != Some(stage)
+        && fs::symlink_metadata(&old).is_ok_and(|m| m.file_type().is_socket())
+    {
+        let _ = fs::remove_file(&old);
+    }
     let bind_err = |source| PluginError::Bind { path: path.to_path_buf(), source };
     let listener = match staged_name(path, stage).filter(|h| h.as_os_str().len() <= MAX_SOCKET_PATH) {
         Some(staged) => match bind_staged(&staged, path)? {
