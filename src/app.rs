@@ -2,10 +2,11 @@
 //!
 //! Start: credentials (offline; a malformed kubeconfig stops here) → discover devices →
 //! open and recover the state → serve the DRA socket, then the registration socket →
-//! publish slices; the metrics address is bound first, so a taken port stops edra before
-//! anything else happens, and served once the plugin runs. The API server is needed only for publishing and for first-time
-//! prepares: when it is unreachable the kubelet is still served, so claims prepared before
-//! keep working and can be released. SIGTERM/SIGINT: stop publishing (slices stay), let
+//! publish slices; the metrics address is bound first and served once the plugin runs (an
+//! address another process holds is bound later, when free; the kubelet is served
+//! regardless). The API server is needed only for publishing and for first-time prepares:
+//! when it is unreachable the kubelet is still served, so claims prepared before keep
+//! working and can be released. SIGTERM/SIGINT: stop publishing (slices stay), let
 //! in-flight kubelet calls finish within the grace period, remove our sockets.
 
 use std::path::PathBuf;
@@ -27,7 +28,7 @@ use crate::prepare::{ClaimSource, PrepareSettings, Preparer};
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::{PublishStatus, Publisher};
 use crate::state::Store;
-use crate::telemetry::http::{Endpoints, HttpError, MetricsListener, Readiness};
+use crate::telemetry::http::{Endpoints, MetricsPort, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
 use crate::util::{error_chain, stopped, until_stopped};
@@ -142,13 +143,10 @@ pub async fn run_signalling(
     );
     let _instance = crate::instance::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?;
 
+    // A port another process holds does not stop edra (it is bound once free); one that
+    // cannot be bound at all is a configuration error.
     let metrics_listener = match config.metrics.address {
-        // A port in use may be freed by the time systemd restarts edra: a runtime failure
-        // (exit 1), not a configuration error (exit 64, which stops restarts).
-        Some(address) => Some(MetricsListener::bind(address).map_err(|e| match e {
-            HttpError::AddressInUse { .. } => AppError::Other(anyhow::Error::new(e)),
-            HttpError::Bind { .. } => AppError::Config(error_chain(&e)),
-        })?),
+        Some(address) => Some(MetricsPort::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
         None => None,
     };
 
@@ -218,6 +216,8 @@ pub async fn run_signalling(
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
+    // After the state and plugin directories got the modes edra gives them.
+    crate::dirmode::warn_open_dirs(&config.paths, &config.driver_name);
     if let Some(ready) = ready {
         let _ = ready.send(Serving::of(&plugin));
     }

@@ -7,6 +7,10 @@
 //! second instance — even one with another state directory — refuses to start and names
 //! the pid of the first. The kernel drops the locks when the process ends, however it
 //! ends, so a crashed agent never blocks its successor.
+//!
+//! The CDI directory may be writable by others (see [`crate::dirmode`]): a lock file is
+//! opened without following a link, and anything but a regular file with a single link
+//! is refused, so a link planted under its name never makes edra (root) write elsewhere.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
@@ -28,6 +32,19 @@ pub enum InstanceError {
         path: PathBuf,
         /// The holder's pid, when it wrote one.
         pid: Option<u32>,
+    },
+    /// Something other than a plain file of its own is at the lock file's path.
+    #[error(
+        "{} is {found}, not a regular file; edra does not write through it: remove it, and keep others from \
+         writing in its directory (chmod go-w {})",
+        path.display(),
+        path.parent().unwrap_or(path).display()
+    )]
+    NotAFile {
+        /// The lock file.
+        path: PathBuf,
+        /// What is there instead.
+        found: &'static str,
     },
     /// The lock file could not be created or locked.
     #[error("cannot create or lock {}; check that its directory exists and is writable by edra", path.display())]
@@ -61,14 +78,7 @@ fn lock(path: &Path) -> Result<File, InstanceError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(io_err)?;
     }
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .map_err(io_err)?;
+    let mut file = open_own_file(path)?;
     match try_flock(&file) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -79,6 +89,37 @@ fn lock(path: &Path) -> Result<File, InstanceError> {
     file.set_len(0).map_err(io_err)?;
     file.rewind().map_err(io_err)?;
     writeln!(file, "{}", std::process::id()).map_err(io_err)?;
+    Ok(file)
+}
+
+/// Opens (creating it, mode 0600) the regular file at `path` for reading and writing,
+/// without following a link there; anything else at the path is refused: a link
+/// (`O_NOFOLLOW` fails with `ELOOP`), a directory, device, FIFO or socket (`O_NONBLOCK`
+/// keeps a FIFO from blocking the open), or a file with other hard links.
+fn open_own_file(path: &Path) -> Result<File, InstanceError> {
+    let io_err = |source| InstanceError::Io { path: path.to_path_buf(), source };
+    let refused = |found| InstanceError::NotAFile { path: path.to_path_buf(), found };
+    let opened = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path);
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(refused("a symbolic link")),
+        Err(e) if e.raw_os_error() == Some(libc::EISDIR) => return Err(refused("a directory")),
+        Err(e) => return Err(io_err(e)),
+    };
+    let meta = file.metadata().map_err(io_err)?;
+    if !meta.is_file() {
+        return Err(refused("a device, FIFO or socket"));
+    }
+    if std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
+        return Err(refused("a hard link to another file"));
+    }
     Ok(file)
 }
 
@@ -152,5 +193,51 @@ mod tests {
         std::fs::write(&path, "4194304\n").unwrap();
         let _held = acquire_soon(std::slice::from_ref(&path));
         assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), std::process::id().to_string());
+    }
+
+    #[test]
+    fn a_link_planted_by_another_user_is_refused_and_its_target_kept() {
+        use crate::util::planted;
+        use std::os::unix::fs::PermissionsExt;
+        if !planted::is_root() {
+            eprintln!("skipped: planting a link as another user needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, "root's secret\n").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let cdi = tmp.path().join("cdi");
+        std::fs::create_dir(&cdi).unwrap();
+        let paths = lock_paths(&tmp.path().join("plugins/gpu.edra.dev"), &cdi, "k8s.gpu.edra.dev");
+        planted::link_as_nobody(&cdi, &secret, &paths[1]);
+        let err = InstanceLock::acquire(&paths).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, InstanceError::NotAFile { found: "a symbolic link", .. }), "{msg}");
+        assert!(msg.contains(".k8s.gpu.edra.dev.lock is a symbolic link, not a regular file"), "{msg}");
+        assert!(msg.contains(&format!("chmod go-w {}", cdi.display())), "{msg}");
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's secret\n");
+        // A hard link to the same file is refused too.
+        std::fs::remove_file(&paths[1]).unwrap();
+        std::fs::hard_link(&secret, &paths[1]).unwrap();
+        let err = InstanceLock::acquire(&paths).unwrap_err();
+        assert!(err.to_string().contains("is a hard link to another file"), "{err}");
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's secret\n");
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_at_the_lock_path_is_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("edra.lock");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path for the call's duration.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = InstanceLock::acquire(std::slice::from_ref(&fifo)).unwrap_err();
+        assert!(err.to_string().contains("is a device, FIFO or socket, not a regular file"), "{err}");
+        let dir = tmp.path().join("dir.lock");
+        std::fs::create_dir(&dir).unwrap();
+        let err = InstanceLock::acquire(std::slice::from_ref(&dir)).unwrap_err();
+        assert!(err.to_string().contains("is a directory, not a regular file"), "{err}");
     }
 }

@@ -20,6 +20,7 @@
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
 //! - [`instance`]: the lock files that keep a second agent off the node.
+//! - [`dirmode`]: the directories edra uses that others could write in.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
 //! - [`failpoint`]: crash points of prepare and unprepare for crash-consistency tests.
 //! - [`util`]: the version and error rendering every layer shares; imports nothing of edra.
@@ -28,6 +29,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod device_config;
+pub mod dirmode;
 pub mod doctor;
 pub mod failpoint;
 #[doc(hidden)]
@@ -48,6 +50,12 @@ pub mod sharing;
 pub mod state;
 pub mod telemetry;
 pub mod util;
+
+/// Log lines captured on a test's thread (shared with the integration tests).
+#[cfg(test)]
+#[allow(dead_code)] // what only the integration tests use
+#[path = "../tests/it/support/captured_logs.rs"]
+mod captured_logs;
 
 /// edra's version (see [`util::VERSION`]).
 pub use util::VERSION;

@@ -85,6 +85,28 @@ pub fn write_atomically(
     })
 }
 
+/// Gives the directory `dir` permissions `mode` through a descriptor opened without
+/// following a link, so a link planted at `dir` fails instead of changing the mode of
+/// whatever it points at.
+pub fn set_dir_mode(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir);
+    let f = match opened {
+        // O_DIRECTORY | O_NOFOLLOW on a link fails with ENOTDIR (or ELOOP).
+        Err(_) if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) => {
+            return Err(std::io::Error::other(format!(
+                "{} is a symbolic link; edra does not follow it",
+                dir.display()
+            )));
+        }
+        other => other?,
+    };
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+}
+
 /// `v` as the API server's canonical Quantity text, which it returns unchanged: a
 /// multiple of 1024 (from 1024 up) in binary-SI form with the largest exact suffix
 /// (`85899345920` → `80Gi`), anything else in decimal-SI form with the largest exact
@@ -114,6 +136,40 @@ pub fn quantity(v: u64) -> String {
     format!("{n}{}", ["", "k", "M", "G", "T", "P", "E"][i])
 }
 
+/// Test support: links planted by an unprivileged user, as an attacker on the node would.
+#[cfg(test)]
+pub(crate) mod planted {
+    use std::os::unix::process::CommandExt;
+    use std::path::Path;
+
+    /// The unprivileged user that plants links (`nobody`).
+    pub const NOBODY: u32 = 65534;
+
+    /// Whether this process runs as root, which planting as another user needs.
+    pub fn is_root() -> bool {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    /// Gives `dir` to [`NOBODY`], then has that user create the link `link` → `target`
+    /// (`ln -s` run with its uid and gid). The caller makes `dir`'s ancestors traversable.
+    pub fn link_as_nobody(dir: &Path, target: &Path, link: &Path) {
+        std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY)).expect("give the directory to nobody");
+        let status = std::process::Command::new("ln")
+            .arg("-s")
+            .arg(target)
+            .arg(link)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .status()
+            .expect("run ln as nobody");
+        assert!(status.success(), "ln -s as nobody failed: {status}");
+        let meta = std::fs::symlink_metadata(link).expect("the planted link");
+        assert!(meta.file_type().is_symlink());
+        assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), NOBODY, "the link belongs to nobody");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +191,22 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o640);
+    }
+
+    #[test]
+    fn a_directory_mode_is_set_on_the_directory_never_through_a_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (dir, target, link) = (tmp.path().join("d"), tmp.path().join("target"), tmp.path().join("link"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::create_dir(&target).unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+        set_dir_mode(&dir, 0o1777).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777, 0o1777);
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = set_dir_mode(&link, 0o1777).unwrap_err();
+        assert!(err.to_string().contains("is a symbolic link; edra does not follow it"), "{err}");
+        assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777, 0o755);
     }
 
     #[test]

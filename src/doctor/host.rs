@@ -221,7 +221,7 @@ pub fn cdi_dirs(paths: &Paths, driver: &str) -> CheckResult {
                 "run edra as root, or set cdi.dynamic_dir to a directory the runtime reads and edra may write",
             );
         }
-        format!("{} is writable ({} edra claim specs)", dynamic.display(), edra_spec_uids(dynamic, driver).len())
+        format!("edra can write {} ({} edra claim specs)", dynamic.display(), edra_spec_uids(dynamic, driver).len())
     } else if dynamic.exists() {
         return CheckResult::new(
             NAME,
@@ -249,6 +249,32 @@ pub fn cdi_dirs(paths: &Paths, driver: &str) -> CheckResult {
         Status::Warn,
         format!("{dynamic_note}; spec directories missing: {}", missing.join(", ")),
         "create them (mkdir -p) or remove them from cdi.spec_dirs",
+    )
+}
+
+/// Check: no directory edra uses (CDI, kubelet plugin, state, runtime) lets group or
+/// others write in it ([`crate::dirmode`]).
+pub fn dir_modes(paths: &Paths, driver: &str) -> CheckResult {
+    const NAME: &str = "dir-modes";
+    let open = crate::dirmode::open_dirs(paths, driver);
+    if open.is_empty() {
+        let n = crate::dirmode::dirs(paths, driver).len();
+        return CheckResult::pass(
+            NAME,
+            format!("none of the {n} CDI, kubelet, state and runtime directories is writable by group or others"),
+        );
+    }
+    let named: Vec<String> = open.iter().map(ToString::to_string).collect();
+    let fix: Vec<String> = open.iter().map(crate::dirmode::OpenDir::fix).collect();
+    CheckResult::new(
+        NAME,
+        Status::Fail,
+        format!(
+            "writable by users other than its owner: {}; they could plant CDI specs, sockets or links that reach every \
+             container on the node",
+            named.join(", ")
+        ),
+        fix.join("; "),
     )
 }
 

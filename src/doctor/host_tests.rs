@@ -120,7 +120,7 @@ fn cdi_dynamic_dir_may_be_created_and_missing_spec_dirs_warn() {
     mkdirs(d.path(), &["etc/cdi", "run/cdi"]);
     let r = cdi_dirs(&cfg.paths, "gpu.edra.dev");
     assert_eq!(r.status, Status::Pass, "{r:?}");
-    assert!(r.detail.contains("is writable (0 edra claim specs)"), "{}", r.detail);
+    assert!(r.detail.contains("edra can write") && r.detail.contains("(0 edra claim specs)"), "{}", r.detail);
     let uid = "0b4f3a1e-8d2c-4e5f-9a6b-7c8d9e0f1a2b";
     std::fs::write(d.path().join(format!("run/cdi/k8s.gpu.edra.dev-claim_{uid}.json")), b"{}").unwrap();
     std::fs::write(d.path().join("run/cdi/nvidia.json"), b"{}").unwrap();

@@ -2,7 +2,8 @@
 //!
 //! Each check is a function returning a [`CheckResult`] (pass, warn, fail or skip, a
 //! one-line detail and a one-line fix); every path it looks at comes from the
-//! configuration. Host checks ([`host`], [`runtime`], [`state`], [`mps`], [`gpu_health`]) read the filesystem and
+//! configuration. Host checks ([`host`], [`runtime`], [`state`], [`mps`], [`gpu_health`],
+//! [`metrics_port`]) read the filesystem and
 //! the device backend; cluster checks ([`cluster`]) talk to the API server, each bounded by
 //! [`NETWORK_TIMEOUT`] so the doctor never hangs. Nothing here changes the node or the
 //! cluster, except that opening an idle state database takes (and releases) its lock and
@@ -14,6 +15,7 @@
 pub mod cluster;
 pub mod gpu_health;
 pub mod host;
+pub mod metrics_port;
 pub mod mps;
 mod render;
 pub mod runtime;
@@ -126,11 +128,13 @@ pub async fn run(cfg: &Config) -> Report {
     checks.push(host::device_nodes(cfg, discovered.as_ref()));
     checks.push(host::kubelet_dirs(&cfg.paths));
     checks.push(host::cdi_dirs(&cfg.paths, &cfg.driver_name));
+    checks.push(host::dir_modes(&cfg.paths, &cfg.driver_name));
     checks.push(runtime::container_runtime(&cfg.runtime, &cfg.paths.cdi_dynamic_dir));
     checks.extend(cluster::checks(cfg).await);
     let specs = host::edra_spec_uids(&cfg.paths.cdi_dynamic_dir, &cfg.driver_name);
     checks.push(state::state_dir(&cfg.paths.state_dir, &cfg.paths.proc_root, &specs));
     checks.push(host::registration(cfg));
+    checks.push(metrics_port::check(cfg.metrics.address, &cfg.paths.proc_root));
     checks.push(mps::check(cfg));
     checks.push(gpu_health::check(cfg, discovered.as_ref().map(|d| &d.inventory)));
     Report { checks }

@@ -287,12 +287,13 @@ pub fn clock_ticks_now(proc_root: &Path) -> u64 {
     secs.saturating_mul(hz).saturating_add(centis.saturating_mul(hz) / 100).saturating_sub(1)
 }
 
-/// Creates `dir` (and its parents) with `mode`, whatever the umask.
+/// Creates `dir` (and its parents) with `mode`, whatever the umask; a link planted at
+/// `dir` is refused, never given the mode.
 fn make_dir(dir: &Path, mode: u32) -> Result<(), MpsError> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     let failed = |source| MpsError::Dir { op: "create", path: dir.to_path_buf(), source };
     std::fs::DirBuilder::new().recursive(true).mode(mode).create(dir).map_err(failed)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(failed)
+    crate::util::set_dir_mode(dir, mode).map_err(failed)
 }
 
 /// The last lines of the daemon's control log, on one line; `(empty)` without one.

@@ -16,6 +16,10 @@
 //! monitored 2     # GPU 2 can be watched again
 //! recovery 0 0    # NVML's recovery action for GPU 0 is now 0, none (1: GPU reset, ...)
 //! ```
+//!
+//! A line longer than [`MAX_LINE`] bytes is skipped without being held in memory (its
+//! first [`LOGGED_PREFIX`] bytes are logged with its length), and a bad line is logged by
+//! its prefix too: whatever the file holds, edra's memory and log lines stay small.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Seek, SeekFrom};
@@ -30,6 +34,11 @@ use super::view::Event;
 pub const WAIT: Duration = Duration::from_millis(1000);
 /// How often the mock events file is read for new lines.
 const MOCK_POLL: Duration = Duration::from_millis(20);
+
+/// The longest line of the mock events file that is read; longer ones are skipped.
+pub const MAX_LINE: usize = 4096;
+/// How much of a skipped or bad line is logged.
+pub const LOGGED_PREFIX: usize = 120;
 
 /// Receives the events the watch observes.
 pub type Sink<'a> = &'a (dyn Fn(Event) + Sync);
@@ -144,22 +153,14 @@ impl HealthBackend for MockHealth {
             return;
         };
         let mut offset = self.read.load(Ordering::Relaxed);
-        let mut partial = String::new();
+        let mut lines = Lines::default();
         while !stop.load(Ordering::Relaxed) {
             match read_from(path, &mut offset) {
-                Ok(text) if !text.is_empty() => {
+                Ok(bytes) if !bytes.is_empty() => {
                     self.read.store(offset, Ordering::Relaxed);
-                    partial.push_str(&text);
-                    while let Some(end) = partial.find('\n') {
-                        let line: String = partial.drain(..=end).collect();
-                        match self.parse(line.trim()) {
-                            Ok(Some(event)) => sink(event),
-                            Ok(None) => {}
-                            Err(why) => {
-                                tracing::warn!(file = %path.display(), line = line.trim(), "ignoring a line of the mock events file: {why}")
-                            }
-                        }
-                    }
+                    lines.push(&bytes, &mut |line| self.take_line(path, line, sink));
+                    // More may be waiting: read again at once.
+                    continue;
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -179,6 +180,93 @@ impl HealthBackend for MockHealth {
     fn recovery_action(&self, uuid: &str) -> Option<u64> {
         self.recovery.lock().unwrap_or_else(PoisonError::into_inner).get(uuid).copied()
     }
+}
+
+impl MockHealth {
+    /// Sends the event of one line of the events file to `sink`, or logs why it has none.
+    fn take_line(&self, path: &std::path::Path, line: Line, sink: Sink<'_>) {
+        match line {
+            Line::Whole(text) => match self.parse(text.trim()) {
+                Ok(Some(event)) => sink(event),
+                Ok(None) => {}
+                Err(why) => {
+                    let line = prefix(text.trim().as_bytes());
+                    tracing::warn!(file = %path.display(), line, "ignoring a line of the mock events file: {why}")
+                }
+            },
+            Line::TooLong { prefix, bytes } => tracing::warn!(
+                file = %path.display(),
+                line = prefix,
+                bytes,
+                "ignoring a line of the mock events file: longer than {MAX_LINE} bytes"
+            ),
+        }
+    }
+}
+
+/// A line of the events file: whole, or too long to be read (its prefix and length).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Line {
+    Whole(String),
+    TooLong { prefix: String, bytes: u64 },
+}
+
+/// Splits bytes read into lines, holding at most [`MAX_LINE`] bytes of an unfinished one.
+#[derive(Debug, Default)]
+struct Lines {
+    partial: Vec<u8>,
+    /// The length so far of a line found too long (`partial` then holds its prefix).
+    skipping: Option<u64>,
+}
+
+impl Lines {
+    /// Adds `bytes` and passes every line they finish to `out`.
+    fn push(&mut self, bytes: &[u8], out: &mut dyn FnMut(Line)) {
+        let mut rest = bytes;
+        loop {
+            let (piece, ended) = match rest.iter().position(|b| *b == b'\n') {
+                Some(i) => (&rest[..i], true),
+                None => (rest, false),
+            };
+            self.take(piece);
+            if !ended {
+                return;
+            }
+            rest = &rest[piece.len() + 1..];
+            let line = std::mem::take(&mut self.partial);
+            out(match self.skipping.take() {
+                Some(bytes) => Line::TooLong { prefix: format!("{}…", String::from_utf8_lossy(&line)), bytes },
+                None => Line::Whole(String::from_utf8_lossy(&line).into_owned()),
+            });
+        }
+    }
+
+    /// Adds a piece of the current line, keeping only its prefix once it is too long.
+    fn take(&mut self, piece: &[u8]) {
+        let len = u64::try_from(piece.len()).unwrap_or(u64::MAX);
+        if let Some(bytes) = &mut self.skipping {
+            *bytes = bytes.saturating_add(len);
+        } else if self.partial.len().saturating_add(piece.len()) > MAX_LINE {
+            let had = u64::try_from(self.partial.len()).unwrap_or(u64::MAX);
+            self.skipping = Some(had.saturating_add(len));
+            let keep = LOGGED_PREFIX.saturating_sub(self.partial.len()).min(piece.len());
+            self.partial.extend_from_slice(&piece[..keep]);
+            self.partial.truncate(LOGGED_PREFIX);
+            self.partial.shrink_to(LOGGED_PREFIX);
+        } else {
+            self.partial.extend_from_slice(piece);
+        }
+    }
+}
+
+/// The first [`LOGGED_PREFIX`] bytes of `line`, as text (`…` marks a cut).
+fn prefix(line: &[u8]) -> String {
+    let cut = line.len() > LOGGED_PREFIX;
+    let mut text = String::from_utf8_lossy(&line[..line.len().min(LOGGED_PREFIX)]).into_owned();
+    if cut {
+        text.push('…');
+    }
+    text
 }
 
 /// GPUs that cannot be watched (NVML's event API could not be loaded): every GPU is
@@ -202,55 +290,23 @@ impl HealthBackend for Unwatched {
 }
 
 /// What was appended to `path` after `offset` (from the start again if it shrank).
-fn read_from(path: &std::path::Path, offset: &mut u64) -> std::io::Result<String> {
+fn read_from(path: &std::path::Path, offset: &mut u64) -> std::io::Result<Vec<u8>> {
     let mut f = std::fs::File::open(path)?;
     let len = f.metadata()?.len();
     if len < *offset {
         *offset = 0;
     }
     if len == *offset {
-        return Ok(String::new());
+        return Ok(Vec::new());
     }
     f.seek(SeekFrom::Start(*offset))?;
     let mut buf = Vec::new();
     // At most 1 MiB per read: a huge file is taken in steps.
     f.take(1 << 20).read_to_end(&mut buf)?;
     *offset = offset.saturating_add(buf.len() as u64);
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+    Ok(buf)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lines_name_events_by_gpu_index() {
-        let m = MockHealth::new("n1", 2, None);
-        let gpu0 = crate::inventory::mock::gpu_uuid("n1", 0);
-        assert_eq!(m.parse("xid 0 79").expect("xid"), Some(Event::Xid { gpu: gpu0.clone(), xid: 79 }));
-        assert_eq!(m.parse("  # a comment").expect("comment"), None);
-        assert_eq!(m.parse("lost 0").expect("lost"), Some(Event::Lost { gpu: Some(gpu0.clone()) }));
-        assert!(!m.probe(&gpu0), "a lost GPU fails the probe");
-        assert_eq!(m.parse("back 0").expect("back"), Some(Event::Probe { gpu: gpu0.clone(), ok: true }));
-        assert!(m.probe(&gpu0));
-        assert!(m.parse("xid 2 79").expect_err("no GPU 2").contains("does not exist"));
-        assert!(m.parse("xid 0 lots").is_err());
-        assert!(m.parse("reboot").is_err());
-        assert_eq!(m.recovery_action(&gpu0), None);
-        assert_eq!(m.parse("recovery 0 0").expect("recovery"), None);
-        assert_eq!(m.recovery_action(&gpu0), Some(0));
-    }
-
-    #[test]
-    fn the_file_is_read_as_it_grows() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("events");
-        std::fs::write(&path, "xid 0 1\n").expect("write");
-        let mut offset = std::fs::metadata(&path).expect("stat").len();
-        assert_eq!(read_from(&path, &mut offset).expect("read"), "");
-        std::fs::write(&path, "xid 0 1\nxid 0 79\n").expect("append");
-        assert_eq!(read_from(&path, &mut offset).expect("read"), "xid 0 79\n");
-        std::fs::write(&path, "x\n").expect("truncate");
-        assert_eq!(read_from(&path, &mut offset).expect("read"), "x\n", "a shrunk file is read from its start");
-    }
-}
+#[path = "source_tests.rs"]
+mod tests;

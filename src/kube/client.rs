@@ -6,7 +6,8 @@
 //! Retry policy. Attempts are bounded (`max_attempts`, default 5) and so is the total time
 //! (`retry_budget`, default 60 s). Never retried: any 4xx other than 429. Always retried:
 //! 429 (after `Retry-After` when given, capped at [`super::MAX_RETRY_AFTER`]; a delay
-//! beyond the retry budget returns the error at once), 503 with `Retry-After`, and connect
+//! beyond the retry budget returns the error at once; a value that is no delay, such as a
+//! negative one, is ignored for the client's own backoff), 503 with `Retry-After`, and connect
 //! failures (the request never left; except TLS verification failures, which retrying
 //! cannot fix). Reads (GET) and preconditioned writes (PUT carries the object's
 //! resourceVersion, DELETE carries uid + resourceVersion preconditions: a replay after an
@@ -529,7 +530,7 @@ pub(super) fn body_limit(req: &Request<Bytes>) -> BodyLimit {
 }
 
 fn retry_after(resp: &Response<Incoming>) -> Option<u64> {
-    resp.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse().ok())
+    resp.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(super::error::parse_retry_after)
 }
 
 /// `GET /path` (without the query, which may be long).

@@ -15,6 +15,30 @@ pub fn cap_retry_after(secs: u64) -> u64 {
     secs.min(MAX_RETRY_AFTER.as_secs())
 }
 
+/// The delay a `Retry-After` header gives, read as `details.retryAfterSeconds` is: any
+/// non-negative decimal number of seconds (`2`, `0.5`, `1e308`), rounded up and capped at
+/// [`MAX_RETRY_AFTER`]. Anything else (a negative number, `NaN`, an HTTP date, text) is no
+/// delay: the client then retries on its own backoff.
+pub fn parse_retry_after(header: &str) -> Option<u64> {
+    let text = header.trim();
+    let numeric = text.starts_with(|c: char| c.is_ascii_digit())
+        && text.chars().all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'));
+    if !numeric {
+        return None;
+    }
+    if let Ok(u) = text.parse::<u64>() {
+        return Some(cap_retry_after(u));
+    }
+    non_negative_seconds(text.parse::<f64>().ok()?)
+}
+
+/// Whole seconds from a non-negative number of seconds (rounded up, capped); `None` for a
+/// negative one or NaN.
+fn non_negative_seconds(f: f64) -> Option<u64> {
+    // A float-to-integer `as` saturates: 1e300 (or infinity) becomes u64::MAX, then the cap.
+    (f >= 0.0).then(|| cap_retry_after(f.ceil() as u64))
+}
+
 /// An error response from the API server, decoded from its `Status` body when it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -242,11 +266,7 @@ fn seconds(n: &serde_json::Number) -> Option<u64> {
     if let Some(u) = n.as_u64() {
         return Some(cap_retry_after(u));
     }
-    match n.as_f64() {
-        // A float-to-integer `as` saturates: 1e300 becomes u64::MAX, then the cap.
-        Some(f) if f >= 0.0 => Some(cap_retry_after(f.ceil() as u64)),
-        _ => None,
-    }
+    non_negative_seconds(n.as_f64()?)
 }
 
 #[derive(serde::Deserialize, Default)]

@@ -395,3 +395,33 @@ fn server_supplied_retry_after_is_capped() {
     let e = Error::from_status("GET /x".into(), 503, b"", Some(2));
     assert_eq!(e.api().unwrap().retry_after, Some(2), "small delays are kept");
 }
+
+#[test]
+fn a_retry_after_header_is_any_non_negative_number_and_nothing_else() {
+    use super::error::parse_retry_after;
+    let cases: [(&str, Option<u64>); 14] = [
+        ("3", Some(3)),
+        (" 3 ", Some(3)),
+        ("0", Some(0)),
+        ("0.5", Some(1)),
+        ("2.1", Some(3)),
+        ("1e308", Some(60)),
+        ("1e999", Some(60)),
+        ("18446744073709551616", Some(60)),
+        ("-1", None),
+        ("-0.5", None),
+        ("NaN", None),
+        ("inf", None),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+        ("", None),
+    ];
+    for (header, want) in cases {
+        assert_eq!(parse_retry_after(header), want, "Retry-After: {header:?}");
+    }
+    // The body's details.retryAfterSeconds is read the same way.
+    for (secs, want) in [("0.5", Some(1)), ("1e308", Some(60)), ("-5", None), ("-0.5", None)] {
+        let body = format!(r#"{{"kind":"Status","message":"later","details":{{"retryAfterSeconds":{secs}}}}}"#);
+        let e = Error::from_status("GET /x".into(), 429, body.as_bytes(), None);
+        assert_eq!(e.api().unwrap().retry_after, want, "retryAfterSeconds: {secs}");
+    }
+}

@@ -350,6 +350,37 @@ async fn absurd_retry_after_is_capped_and_returns_at_once() {
 }
 
 #[tokio::test]
+async fn a_retry_after_that_is_no_delay_leaves_the_retries_to_the_clients_backoff() {
+    for header in ["-1", "NaN", "soon"] {
+        let replies = (0..10).map(|_| Reply::status(429, "TooManyRequests", "x").with_header("retry-after", header));
+        let (_pki, srv, client) = setup(replies.collect()).await;
+        let e = client.server_version().await.unwrap_err();
+        assert_eq!(e.api().and_then(|a| a.retry_after), None, "Retry-After: {header}");
+        assert_eq!(srv.requests().len(), 5, "Retry-After: {header}: every attempt, on the client's backoff");
+    }
+    let body = r#"{"kind":"Status","message":"later","code":429,"details":{"retryAfterSeconds":-5}}"#;
+    let replies = (0..10).map(|_| Reply::Json { status: 429, headers: Vec::new(), body: body.into() });
+    let (_pki, srv, client) = setup(replies.collect()).await;
+    client.server_version().await.unwrap_err();
+    assert_eq!(srv.requests().len(), 5, "retryAfterSeconds: -5 is no delay");
+    // A huge number is a delay, capped at the retry budget: the error comes back at once.
+    let replies = vec![Reply::status(429, "TooManyRequests", "x").with_header("retry-after", "1e308")];
+    let (_pki, srv, client) = setup(replies).await;
+    let e = client.server_version().await.unwrap_err();
+    assert_eq!(e.api().and_then(|a| a.retry_after), Some(MAX_RETRY_AFTER.as_secs()));
+    assert_eq!(srv.requests().len(), 1);
+    // A fraction is rounded up.
+    let replies = vec![
+        Reply::status(429, "TooManyRequests", "x").with_header("retry-after", "0.5"),
+        Reply::json(200, json!({"gitVersion": "v1"})),
+    ];
+    let (_pki, _srv, client) = setup(replies).await;
+    let started = Instant::now();
+    client.server_version().await.unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1), "Retry-After: 0.5 waited {:?}", started.elapsed());
+}
+
+#[tokio::test]
 async fn an_oversized_discovery_reply_is_refused_not_buffered() {
     // 4 MiB streamed without a Content-Length (what a broken proxy's endless reply looks
     // like); the client stops at 1 MiB and does not ask again.

@@ -123,7 +123,9 @@ impl PluginServer {
 
         socket::prepare_dir(&paths.plugins_dir, false)?;
         socket::prepare_dir(&paths.plugin_dir(driver), true)?;
-        let dra_socket = socket::bind(&dra_path)?;
+        // Both sockets are staged in the driver's own directory, which the kubelet does not watch.
+        let stage = absolute(&paths.plugin_dir(driver))?;
+        let dra_socket = socket::bind(&dra_path, &stage)?;
         let inflight = InFlight::new();
         let calls = DraCalls::new(handler, Arc::clone(&inflight), Arc::clone(&observer));
         let (stopping, stopping_rx) = watch::channel(false);
@@ -141,7 +143,7 @@ impl PluginServer {
         tracing::info!(path = %dra_path.display(), health = serves_health, "serving DRAPlugin v1 and v1beta1");
 
         let (state_tx, registration) = watch::channel(RegistrationState::Unknown);
-        let registered = socket::prepare_dir(&paths.registry_dir, false).and_then(|()| socket::bind(&reg_path));
+        let registered = socket::prepare_dir(&paths.registry_dir, false).and_then(|()| socket::bind(&reg_path, &stage));
         let reg_socket = match registered {
             Ok(bound) => bound,
             Err(e) => {

@@ -1,6 +1,6 @@
 //! The plugin's Unix socket files: directories, stale-socket cleanup, binding with mode
-//! 0600 under a hidden name then renaming into place (so a socket file is always ready to
-//! accept), the stream of accepted connections (each wrapped in [`AuthorityFix`]), and
+//! 0600 under a hidden name in edra's own directory then renaming into place (so a socket
+//! file is always ready to accept, and the kubelet's watcher sees no other name), the stream of accepted connections (each wrapped in [`AuthorityFix`]), and
 //! removal of edra's own sockets on exit.
 //!
 //! Only a socket at edra's own path is ever removed, and on exit only the very socket
@@ -10,7 +10,7 @@ use std::fs::{self, DirBuilder, Permissions};
 use std::io;
 use std::net::Shutdown;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
-use std::os::unix::net::UnixStream as StdUnixStream;
+use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -51,9 +51,11 @@ pub(crate) fn prepare_dir(dir: &Path, owned: bool) -> Result<(), PluginError> {
     let failed = |source| PluginError::CreateDir { path: dir.to_path_buf(), source };
     DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(failed)?;
     if owned {
-        fs::set_permissions(dir, Permissions::from_mode(0o750)).map_err(failed)?;
+        crate::util::set_dir_mode(dir, 0o750).map_err(failed)?;
     } else if let Ok(meta) = fs::metadata(dir)
         && meta.mode() & 0o007 != 0
+        // One others can write in is reported at start, with its fix (crate::dirmode).
+        && !crate::dirmode::writable_by_others(meta.mode() & 0o7777, meta.uid())
     {
         tracing::warn!(path = %dir.display(), mode = format!("{:o}", meta.mode() & 0o7777), "directory is accessible to every user");
     }
@@ -62,7 +64,16 @@ pub(crate) fn prepare_dir(dir: &Path, owned: bool) -> Result<(), PluginError> {
 
 /// Binds a listening socket at `path`, replacing a stale socket of that name; anything
 /// else at the path is an error and is left alone.
-pub(crate) fn bind(path: &Path) -> Result<BoundSocket, PluginError> {
+///
+/// The socket is private (mode 0600) from the moment its file exists, and is bound and
+/// listening under a hidden name in `stage` (a directory edra owns) before it is renamed
+/// to `path`: a client that connects as soon as it sees the file is never refused, and a
+/// watcher of `path`'s directory (the kubelet's plugin watcher on the registry directory)
+/// sees no name but the final one. When the rename cannot cross from `stage` to `path`'s
+/// directory (another filesystem or mount, as under systemd's `ReadWritePaths=` or in a
+/// pod with one volume per directory), the socket is bound at `path` itself instead:
+/// still private from the start, listening a few system calls later.
+pub(crate) fn bind(path: &Path, stage: &Path) -> Result<BoundSocket, PluginError> {
     if path.as_os_str().len() > MAX_SOCKET_PATH {
         return Err(PluginError::SocketPathTooLong { path: path.to_path_buf(), max: MAX_SOCKET_PATH });
     }
@@ -80,28 +91,30 @@ pub(crate) fn bind(path: &Path) -> Result<BoundSocket, PluginError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(source) => return Err(PluginError::Inspect { path: path.to_path_buf(), source }),
     }
-    // The socket is bound and made 0600 under a hidden name, then renamed into place, so
-    // it appears only once it is listening and private: a client that connects as soon as
-    // it sees the file (the kubelet's plugin watcher) is never refused. The watcher ignores
-    // names starting with '.'. A path too long for the hidden name is bound in place.
-    let hidden = hidden_name(path).filter(|h| h.as_os_str().len() <= MAX_SOCKET_PATH);
-    let at = hidden.as_deref().unwrap_or(path);
-    if hidden.is_some() && fs::symlink_metadata(at).is_ok_and(|m| m.file_type().is_socket()) {
-        let _ = fs::remove_file(at);
-    }
-    // Until the chmod below the socket has the umask's mode; its directory (0750, or the
-    // kubelet's own) keeps other users out in the meantime.
-    let listener = UnixListener::bind(at).map_err(|source| PluginError::Bind { path: path.to_path_buf(), source })?;
-    if let Err(source) = fs::set_permissions(at, Permissions::from_mode(0o600)) {
-        let _ = fs::remove_file(at);
-        return Err(PluginError::Chmod { path: path.to_path_buf(), source });
-    }
-    if at != path
-        && let Err(source) = fs::rename(at, path)
+    // Where earlier versions bound it, beside `path`: a socket a killed one left there goes.
+    if let Some(old) = staged_name(path, path.parent().unwrap_or(stage))
+        && old.parent() != Some(stage)
+        && fs::symlink_metadata(&old).is_ok_and(|m| m.file_type().is_socket())
     {
-        let _ = fs::remove_file(at);
-        return Err(PluginError::Bind { path: path.to_path_buf(), source });
+        let _ = fs::remove_file(&old);
     }
+    let bind_err = |source| PluginError::Bind { path: path.to_path_buf(), source };
+    let listener = match staged_name(path, stage).filter(|h| h.as_os_str().len() <= MAX_SOCKET_PATH) {
+        Some(staged) => match bind_staged(&staged, path)? {
+            Some(listener) => listener,
+            None => {
+                tracing::debug!(path = %path.display(), stage = %stage.display(), "another filesystem or mount than the staging directory; binding in place");
+                listen_private(path).map_err(bind_err)?
+            }
+        },
+        // A path too long for the staged name is bound in place.
+        None => listen_private(path).map_err(bind_err)?,
+    };
+    let listener =
+        listener.set_nonblocking(true).and_then(|()| UnixListener::from_std(listener)).map_err(|source| {
+            let _ = fs::remove_file(path);
+            bind_err(source)
+        })?;
     match fs::symlink_metadata(path) {
         Ok(meta) => {
             Ok(BoundSocket { path: path.to_path_buf(), listener, file: FileId { dev: meta.dev(), ino: meta.ino() } })
@@ -111,6 +124,77 @@ pub(crate) fn bind(path: &Path) -> Result<BoundSocket, PluginError> {
             Err(PluginError::Chmod { path: path.to_path_buf(), source })
         }
     }
+}
+
+/// Binds at `staged` (edra's own directory, so the name and its mode are edra's alone) and
+/// renames it to `path`; `None` when the rename cannot cross to `path`'s filesystem or
+/// mount (`EXDEV`), with the staged socket removed.
+fn bind_staged(staged: &Path, path: &Path) -> Result<Option<StdUnixListener>, PluginError> {
+    let bind_err = |source| PluginError::Bind { path: path.to_path_buf(), source };
+    if fs::symlink_metadata(staged).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = fs::remove_file(staged);
+    }
+    let listener = listen_private(staged).map_err(bind_err)?;
+    // Exactly 0600 whatever the umask took away from the owner.
+    if let Err(source) = fs::set_permissions(staged, Permissions::from_mode(0o600)) {
+        let _ = fs::remove_file(staged);
+        return Err(PluginError::Chmod { path: path.to_path_buf(), source });
+    }
+    match fs::rename(staged, path) {
+        Ok(()) => Ok(Some(listener)),
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            let _ = fs::remove_file(staged);
+            Ok(None)
+        }
+        Err(source) => {
+            let _ = fs::remove_file(staged);
+            Err(bind_err(source))
+        }
+    }
+}
+
+/// A listening Unix socket bound at `at`, whose file is created with mode 0600 (less the
+/// umask) rather than made private after it appears: Linux gives the file the mode of the
+/// socket's own inode at bind, which `fchmod` on the unbound socket sets.
+fn listen_private(at: &Path) -> io::Result<StdUnixListener> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = at.as_os_str().as_bytes();
+    // SAFETY: zeroed sockaddr_un is a valid value of this plain C struct.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a usable Unix socket path"));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: socket(2) with constant arguments; a non-negative result is a new descriptor
+    // that nothing else owns, so `OwnedFd` may take it.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by socket(2) and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: fchmod only reads the descriptor, which `fd` keeps open.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
+    let len = libc::socklen_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `addr` is a valid sockaddr_un whose first `len` bytes hold the family and the
+    // NUL-terminated path; the descriptor is open for the call.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast::<libc::sockaddr>(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: listen only reads the descriptor, which `fd` keeps open.
+    if unsafe { libc::listen(fd.as_raw_fd(), libc::SOMAXCONN) } != 0 {
+        let err = io::Error::last_os_error();
+        let _ = fs::remove_file(at);
+        return Err(err);
+    }
+    Ok(StdUnixListener::from(fd))
 }
 
 /// The pid of the process at the other end of a connected Unix socket (`SO_PEERCRED`).
@@ -132,10 +216,10 @@ fn peer_pid(stream: &StdUnixStream) -> Option<u32> {
     if rc == 0 { u32::try_from(cred.pid).ok().filter(|p| *p != 0) } else { None }
 }
 
-/// `<dir>/.<name>~`: where a socket is bound before it is renamed to `path`.
-fn hidden_name(path: &Path) -> Option<PathBuf> {
+/// `<stage>/.<name>~`: where the socket for `path` is bound before it is renamed there.
+fn staged_name(path: &Path, stage: &Path) -> Option<PathBuf> {
     let name = path.file_name()?.to_str()?;
-    Some(path.with_file_name(format!(".{name}~")))
+    Some(stage.join(format!(".{name}~")))
 }
 
 /// Removes the socket file at `path` if it is still the one this process bound.
@@ -257,13 +341,34 @@ pub(crate) fn incoming(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_link_planted_at_edras_own_directory_is_refused_and_its_target_keeps_its_mode() {
+        use crate::util::planted;
+        if !planted::is_root() {
+            eprintln!("skipped: planting a link as another user needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(tmp.path(), Permissions::from_mode(0o711)).unwrap();
+        let (plugins, target) = (tmp.path().join("plugins"), tmp.path().join("etc"));
+        fs::create_dir(&plugins).unwrap();
+        fs::create_dir(&target).unwrap();
+        fs::set_permissions(&target, Permissions::from_mode(0o755)).unwrap();
+        let own = plugins.join("gpu.edra.dev");
+        planted::link_as_nobody(&plugins, &target, &own);
+        let err = prepare_dir(&own, true).unwrap_err();
+        let msg = crate::util::error_chain(&err);
+        assert!(msg.contains("is a symbolic link; edra does not follow it"), "{msg}");
+        assert_eq!(fs::metadata(&target).unwrap().mode() & 0o7777, 0o755, "the link's target keeps its mode");
+    }
+
     #[tokio::test]
     async fn a_live_socket_is_never_replaced_and_a_dead_one_is() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("dra.sock");
         let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let before = fs::metadata(&path).unwrap().ino();
-        let err = bind(&path).unwrap_err();
+        let err = bind(&path, tmp.path()).unwrap_err();
         assert!(
             matches!(&err, PluginError::SocketInUse { pid: Some(p), .. } if *p == std::process::id()),
             "the peer's pid comes from SO_PEERCRED: {err:?}"
@@ -272,7 +377,7 @@ mod tests {
         assert_eq!(fs::metadata(&path).unwrap().ino(), before, "the live socket is left in place");
         // Nobody listens any more: the file is stale and is replaced.
         drop(live);
-        let bound = bind(&path).unwrap();
+        let bound = bind(&path, tmp.path()).unwrap();
         assert!(StdUnixStream::connect(&path).is_ok(), "the new socket listens");
         drop(bound);
     }

@@ -244,7 +244,9 @@ impl Preparer {
     }
 }
 
-/// Creates `dir` when missing, then creates and removes a file in it.
+/// Creates `dir` when missing, then creates and removes a file in it. The file is made
+/// exclusively without following a link: whatever another user planted under its name is
+/// removed, never written through.
 fn check_cdi_dir(dir: &std::path::Path) -> Result<(), PrepareError> {
     let failed = |problem: String| PrepareError::CdiDir { dir: dir.to_path_buf(), problem };
     match std::fs::metadata(dir) {
@@ -255,12 +257,20 @@ fn check_cdi_dir(dir: &std::path::Path) -> Result<(), PrepareError> {
         }
     }
     let probe = dir.join(format!(".edra-write-check-{}", std::process::id()));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&probe)
-        .map_err(|e| failed(format!("is not writable ({e})")))?;
+    let create = || {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&probe)
+    };
+    match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::remove_file(&probe).and_then(|()| create()),
+        other => other,
+    }
+    .map_err(|e| failed(format!("is not writable ({e})")))?;
     std::fs::remove_file(&probe).map_err(|e| failed(format!("does not let edra remove files ({e})")))
 }
 
@@ -301,5 +311,31 @@ impl Preparer {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_cdi_dir;
+    use crate::util::planted;
+
+    #[test]
+    fn the_write_check_removes_a_link_planted_under_its_name_without_writing_through_it() {
+        use std::os::unix::fs::PermissionsExt;
+        if !planted::is_root() {
+            eprintln!("skipped: planting a link as another user needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, "root's secret\n").unwrap();
+        let cdi = tmp.path().join("cdi");
+        std::fs::create_dir(&cdi).unwrap();
+        let probe = cdi.join(format!(".edra-write-check-{}", std::process::id()));
+        planted::link_as_nobody(&cdi, &secret, &probe);
+        check_cdi_dir(&cdi).expect("the directory is writable");
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's secret\n", "not truncated through the link");
+        assert!(std::fs::symlink_metadata(&probe).is_err(), "the planted link is gone");
     }
 }

@@ -1,7 +1,9 @@
 //! The HTTP endpoint for Prometheus and health checks: `GET /metrics`, `/healthz`, `/readyz`.
 //!
-//! [`MetricsListener::bind`] binds the configured address at start (so a taken port stops
-//! edra at once, naming the key to change); [`MetricsListener::serve`] answers on it until
+//! [`MetricsPort::bind`] binds the configured address at start. An address another
+//! process holds does not stop edra (any user may bind a free port on the node first):
+//! the error is logged with the fix, the kubelet is served regardless, and the address is
+//! bound again with backoff until it is free. [`MetricsPort::serve`] answers on it until
 //! shutdown, then lets open connections finish briefly and closes the rest. Plain HTTP/1.1
 //! and HTTP/2 via hyper; nothing served here is secret: counts, states and error
 //! messages that are also logged.
@@ -39,6 +41,9 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_CONNECTIONS: usize = 64;
 /// Pause after a failed accept (e.g. out of file descriptors), so it does not spin.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// Delays between tries to bind an address another process holds (jittered, doubling).
+const REBIND_BASE: Duration = Duration::from_secs(1);
+const REBIND_MAX: Duration = Duration::from_secs(30);
 
 const TEXT: &str = "text/plain; charset=utf-8";
 
@@ -197,6 +202,58 @@ impl MetricsListener {
     pub fn serve(self, endpoints: Endpoints, shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
         info!(address = %self.address, "serving /metrics, /healthz and /readyz");
         tokio::spawn(accept_loop(self.listener, Arc::new(endpoints), shutdown))
+    }
+}
+
+/// The metrics address at start: bound, or held by another process (edra then serves the
+/// kubelet without it and binds it once it is free).
+#[derive(Debug)]
+pub enum MetricsPort {
+    Bound(MetricsListener),
+    Taken(SocketAddr),
+}
+
+impl MetricsPort {
+    /// Binds `address`. An address in use is logged at ERROR with the fix and kept to be
+    /// bound later; any other failure (no such local address, no permission) is returned.
+    pub fn bind(address: SocketAddr) -> Result<Self, HttpError> {
+        match MetricsListener::bind(address) {
+            Ok(listener) => Ok(MetricsPort::Bound(listener)),
+            Err(HttpError::AddressInUse { source, .. }) => {
+                tracing::error!(
+                    error = %source,
+                    "/metrics, /healthz and /readyz are not served: another process holds {address} (edra doctor \
+                     names it); edra serves the kubelet without them and binds {address} as soon as it is free; \
+                     stop that process, or set metrics.address to a free port"
+                );
+                Ok(MetricsPort::Taken(address))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Serves `endpoints` until `shutdown` turns true; a taken address is bound again with
+    /// backoff (1 s doubling to 30 s) and served from then on.
+    pub fn serve(self, endpoints: Endpoints, mut shutdown: watch::Receiver<bool>) -> JoinHandle<()> {
+        let address = match self {
+            MetricsPort::Bound(listener) => return listener.serve(endpoints, shutdown),
+            MetricsPort::Taken(address) => address,
+        };
+        tokio::spawn(async move {
+            let mut backoff = crate::kube::backoff::Backoff::new(REBIND_BASE, REBIND_MAX);
+            loop {
+                if crate::util::until_stopped(tokio::time::sleep(backoff.next_delay()), &mut shutdown).await.is_none() {
+                    return;
+                }
+                match MetricsListener::bind(address) {
+                    Ok(listener) => {
+                        info!(%address, attempts = backoff.attempts(), "the metrics address is free again");
+                        return listener.serve(endpoints, shutdown).await.unwrap_or_default();
+                    }
+                    Err(e) => debug!(error = %crate::util::error_chain(&e), "the metrics address is still taken"),
+                }
+            }
+        })
     }
 }
 

@@ -13,6 +13,7 @@ mod logs;
 mod mig;
 mod mig_publishing;
 mod misbehaving;
+mod node_user;
 mod offline;
 mod pool;
 mod prefetch;

@@ -171,6 +171,54 @@ async fn a_healthy_node_identity_passes_with_per_object_notes() {
 }
 
 #[tokio::test]
+async fn a_cdi_directory_others_can_write_fails_naming_it_and_the_chmod() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = node_server(Options::default()).await;
+    let node = Node::new();
+    let kubeconfig = server.write_kubeconfig(node.dir.path(), &Identity::node("n1")).expect("kubeconfig");
+    let cdi = node.path("run/cdi");
+    std::fs::set_permissions(&cdi, std::fs::Permissions::from_mode(0o777)).expect("chmod 0777");
+    let out = node.doctor(&node.config(&kubeconfig), &["--output", "json"]).await;
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(1), "{r:#}");
+    let modes = check(&r, "dir-modes");
+    assert_eq!(modes["status"], "fail", "{modes}");
+    let detail = text(modes, "detail");
+    assert!(detail.contains(&format!("edra's CDI directory {} (mode 0777)", cdi.display())), "{detail}");
+    assert_eq!(text(modes, "fix"), format!("chmod go-w {}", cdi.display()));
+    assert_eq!(r["summary"]["fail"], 1, "nothing else fails: {r:#}");
+    assert!(!text(check(&r, "cdi-dirs"), "detail").contains("is writable"), "{r:#}");
+
+    // Closed again (and a root-owned sticky one, as /tmp, is not others' to rename in).
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mode = if root { 0o1777 } else { 0o755 };
+    std::fs::set_permissions(&cdi, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    let out = node.doctor(&node.config(&kubeconfig), &["--output", "json"]).await;
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    assert_eq!(check(&r, "dir-modes")["status"], "pass", "{r:#}");
+}
+
+#[tokio::test]
+async fn a_metrics_port_another_process_holds_is_named_with_its_pid() {
+    let server = node_server(Options::default()).await;
+    let node = Node::new();
+    let kubeconfig = server.write_kubeconfig(node.dir.path(), &Identity::node("n1")).expect("kubeconfig");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = taken.local_addr().expect("address");
+    let set = format!("metrics.address={address}");
+    let out = node.doctor(&node.config(&kubeconfig), &["--output", "json", "--set", &set]).await;
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(0), "edra works without it: {r:#}");
+    let port = check(&r, "metrics-port");
+    assert_eq!(port["status"], "warn", "{port}");
+    let pid = std::process::id();
+    assert!(text(port, "detail").starts_with(&format!("{address} is held by pid {pid} (")), "{port}");
+    assert!(text(port, "fix").contains(&format!("kill {pid}")), "{port}");
+}
+
+#[tokio::test]
 async fn a_server_without_dra_gets_the_enable_hint_for_its_version() {
     let server =
         node_server(Options { git_version: "v1.33.4+k3s1".into(), versions: vec![], ..Options::default() }).await;

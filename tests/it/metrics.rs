@@ -172,20 +172,20 @@ async fn a_registered_agent_is_ready_and_its_metrics_show_devices_and_api_reques
 }
 
 #[tokio::test]
-async fn a_taken_metrics_address_stops_the_agent_at_start_as_a_runtime_failure_naming_the_key() {
+async fn an_address_that_cannot_be_bound_at_all_stops_the_agent_at_start_as_a_configuration_error() {
     let server = TestApiServer::start(Options::default()).await.expect("test API server");
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = server.write_kubeconfig(dir.path(), &Identity::node("n1")).expect("kubeconfig");
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let cfg = config(dir.path(), &kubeconfig, taken.local_addr().expect("address"));
+    // TEST-NET-1: no interface of this host has it. (An address another process holds
+    // stops nothing: agent/node_user.rs.)
+    let not_local: SocketAddr = "192.0.2.1:9464".parse().expect("address");
+    let cfg = config(dir.path(), &kubeconfig, not_local);
     let registration_socket = cfg.paths.registration_socket(&cfg.driver_name);
     let (_stop, stop_rx) = watch::channel(false);
 
     let result = tokio::time::timeout(DEADLINE, edra::app::run(cfg, stop_rx)).await.expect("run returns");
-    // Not a configuration error: the port may be free when systemd restarts edra.
-    let Err(AppError::Other(e)) = result else { panic!("expected a runtime failure, got {result:?}") };
-    let msg = edra::util::error_chain(e.as_ref());
-    assert!(msg.contains("already in use") && msg.contains("metrics.address"), "{msg}");
+    let Err(AppError::Config(msg)) = result else { panic!("expected a configuration error, got {result:?}") };
+    assert!(msg.contains("cannot serve metrics on 192.0.2.1:9464") && msg.contains("metrics.address"), "{msg}");
     assert!(!registration_socket.exists(), "nothing was served");
     assert!(server.requests().is_empty(), "the API server was not contacted");
 }

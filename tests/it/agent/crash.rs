@@ -451,10 +451,12 @@ async fn a_restart_after_sigkill_replaces_stale_sockets() {
     child.kill().await;
     let registry = fs.registration_socket().parent().expect("registry dir").to_path_buf();
     let plugin_dir = fs.dra_socket().parent().expect("plugin dir").to_path_buf();
-    // Left by a process killed between binding and renaming a socket into place.
-    let hidden =
-        registry.join(format!(".{}~", fs.registration_socket().file_name().and_then(|n| n.to_str()).expect("name")));
-    drop(std::os::unix::net::UnixListener::bind(&hidden).expect("bind a stale hidden socket"));
+    // Left by a process killed between binding and renaming a socket into place: in the
+    // driver's directory, or (by an earlier version) in the registry.
+    let hidden = format!(".{}~", fs.registration_socket().file_name().and_then(|n| n.to_str()).expect("name"));
+    for stale in [plugin_dir.join(&hidden), plugin_dir.join(".dra.sock~"), registry.join(&hidden)] {
+        drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind a stale hidden socket"));
+    }
     assert!(fs.registration_socket().exists() && fs.dra_socket().exists(), "SIGKILL leaves the sockets");
 
     let child = ChildAgent::start(&cluster, "").await;

@@ -1,37 +1,13 @@
-//! Exit statuses of `edra run` that systemd acts on: a metrics port in use is a runtime
-//! failure (exit 1, restarted), not a configuration error (64, not restarted); a stop that
-//! had to abort kubelet calls is not clean (exit 1, and it says how many).
+//! Exit statuses of `edra run` that systemd acts on: a stop that had to abort kubelet calls
+//! is not clean (exit 1, and it says how many). (A metrics port in use stops nothing:
+//! `node_user.rs`.)
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use http::Method;
 
 use crate::support::agent::{ChildAgent, Cluster, WAIT, prepare};
 use crate::support::apiserver::{Fault, FaultAction};
-
-#[tokio::test]
-async fn a_metrics_port_in_use_exits_1_with_what_to_change() {
-    let cluster = Cluster::start().await;
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let address = taken.local_addr().expect("address");
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_edra"))
-        .arg("--config")
-        .arg(cluster.config_file("n1"))
-        .arg("--set")
-        .arg(format!("metrics.address={address}"))
-        .arg("run")
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(WAIT, out).await.expect("edra exits").expect("run edra");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let said = format!("edra: cannot serve metrics on {address}: the address is already in use; set metrics.address");
-    assert!(stderr.contains(&said), "{stderr}");
-    assert!(!stderr.contains("invalid configuration"), "{stderr}");
-}
 
 #[tokio::test]
 async fn a_stop_that_aborts_kubelet_calls_exits_1_and_says_how_many() {

@@ -9,6 +9,7 @@ use edra::plugin::{PluginError, PluginServer};
 use tonic::Code;
 
 use super::{DRIVER, Dirs, TestHandler, claim, exists};
+use crate::support::inotify::CreatedNames;
 use crate::support::kubelet::{self, RawH2};
 
 fn mode(path: &std::path::Path) -> u32 {
@@ -67,6 +68,61 @@ async fn sockets_are_private_and_the_plugin_dir_is_not_world_accessible() {
     assert_eq!(mode(&dirs.paths.plugin_dir(DRIVER)), 0o750);
     assert_eq!(mode(&dirs.paths.registry_dir) & 0o007, 0);
     server.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn the_kubelets_registry_directory_sees_no_name_but_the_final_socket() {
+    let dirs = Dirs::new();
+    std::fs::create_dir_all(&dirs.paths.registry_dir).unwrap();
+    let created = CreatedNames::watch(&dirs.paths.registry_dir);
+    let server = dirs.start(TestHandler::new());
+    kubelet::registration(&dirs.registration_socket()).await.get_info(v1_info()).await.unwrap();
+    assert_eq!(created.take(), [format!("{DRIVER}-reg.sock")]);
+    assert_eq!(mode(&dirs.registration_socket()), 0o600);
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A directory bind-mounted over itself, as systemd's `ReadWritePaths=` and a pod's
+/// hostPath volume make it; unmounted when dropped.
+struct OwnMount(std::path::PathBuf);
+
+impl OwnMount {
+    fn bind(dir: &std::path::Path) -> Result<OwnMount, String> {
+        let out = std::process::Command::new("mount").arg("--bind").arg(dir).arg(dir).output();
+        match out {
+            Ok(o) if o.status.success() => Ok(OwnMount(dir.to_path_buf())),
+            Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+impl Drop for OwnMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[tokio::test]
+async fn a_registry_directory_on_another_mount_gets_the_socket_bound_in_place_and_private() {
+    let dirs = Dirs::new();
+    std::fs::create_dir_all(&dirs.paths.registry_dir).unwrap();
+    let _mount = match OwnMount::bind(&dirs.paths.registry_dir) {
+        Ok(m) => m,
+        Err(why) => {
+            eprintln!("skipped: cannot bind-mount the registry directory over itself (needs root): {why}");
+            return;
+        }
+    };
+    let created = CreatedNames::watch(&dirs.paths.registry_dir);
+    let server = dirs.start(TestHandler::new());
+    kubelet::registration(&dirs.registration_socket()).await.get_info(v1_info()).await.unwrap();
+    assert_eq!(created.take(), [format!("{DRIVER}-reg.sock")]);
+    assert_eq!(mode(&dirs.registration_socket()) & 0o077, 0, "private from the start");
+    let staged = dirs.paths.plugin_dir(DRIVER).join(format!(".{DRIVER}-reg.sock~"));
+    assert!(!exists(&staged), "the staged socket that could not be moved is removed");
+    server.shutdown(Duration::from_secs(5)).await;
+    assert!(!exists(&dirs.registration_socket()));
 }
 
 #[tokio::test]

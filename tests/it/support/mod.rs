@@ -5,6 +5,7 @@ pub mod agent;
 pub mod apiserver;
 pub mod captured_logs;
 pub mod cc;
+pub mod inotify;
 pub mod kubelet;
 pub mod layout;
 pub mod mps;
