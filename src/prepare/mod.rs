@@ -394,6 +394,38 @@ pub enum PrepareError {
         /// The GPU's memory, as a quantity.
         gpu_memory: String,
     },
+    /// An allocation result's consumed memory is not a share edra publishes.
+    #[error(
+        "the allocation of device {device} has consumedCapacity memory {found:?}, which is not a share edra \
+         publishes: its memory capacity is published with requestPolicy validRange {{min: {step}, step: {step}}} \
+         (sharing.memory_step), so a share is at least {step} and a multiple of {step}; delete the pod so the \
+         claim is allocated again"
+    )]
+    UnpublishedShare {
+        /// The device.
+        device: String,
+        /// The consumed memory as found.
+        found: String,
+        /// `sharing.memory_step`, as a quantity.
+        step: String,
+    },
+    /// A device, or a share of it, appears twice among a claim's allocation results.
+    #[error(
+        "device {device}{} is allocated twice in the claim (requests {first} and {second}); a device is allocated \
+         once per claim and a share ID is unique per device, so the allocation is not one the scheduler makes; \
+         delete the pod so the claim is allocated again",
+        .share_id.as_ref().map(|s| format!(" with share ID {s}")).unwrap_or_default()
+    )]
+    DuplicateAllocation {
+        /// The device.
+        device: String,
+        /// The share ID both results carry, if any.
+        share_id: Option<String>,
+        /// The first result's request.
+        first: String,
+        /// The second result's request.
+        second: String,
+    },
     /// A sharing strategy asked for on a share of a GPU.
     #[error(
         "sharing strategy {strategy} (request {request}) cannot apply to {device}, a share of GPU {gpu} that other \

@@ -162,7 +162,9 @@ impl Preparer {
             .await?;
             match applied {
                 Err(PrepareError::State(
-                    conflict @ (StateError::DeviceHeld { .. } | StateError::SharesExceed { .. }),
+                    conflict @ (StateError::DeviceHeld { .. }
+                    | StateError::SharesExceed { .. }
+                    | StateError::ShareIdTaken { .. }),
                 )) if !checked => {
                     checked = true;
                     self.release_gone_holders(&record, conflict, deadline).await?;
