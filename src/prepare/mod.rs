@@ -86,6 +86,20 @@ pub enum ClaimFetchError {
         #[source]
         source: serde_json::Error,
     },
+    /// The API server sent what edra does not decode as a claim: more than a claim may
+    /// hold ([`crate::kube::shape`]), or not an object.
+    #[error(
+        "ResourceClaim {namespace}/{name} cannot be read: {problem}; the API server never accepts such a claim, so \
+         it or a proxy in front of it is misbehaving"
+    )]
+    Refused {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// edra's own client-side rate limit would have held the read past the call's
     /// deadline, so it was not sent.
     #[error("ResourceClaim {namespace}/{name} was not fetched in time (the kubelet retries)")]
