@@ -25,6 +25,7 @@ pub mod cdi;
 pub mod cdi_validate;
 pub mod config;
 pub mod driver_files;
+pub mod in_use;
 pub use crate::failpoint;
 pub mod locks;
 pub mod mig;
