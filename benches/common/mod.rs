@@ -58,6 +58,8 @@ pub struct SiteSettings {
     pub mig_mode: bool,
     /// `claims.prefetch` (edra's default: on).
     pub prefetch: bool,
+    /// `claims.check_interval` (edra's default: 5 minutes).
+    pub check_interval: Option<&'static str>,
 }
 
 /// Where the state and CDI directories live.
@@ -88,6 +90,7 @@ impl Default for SiteSettings {
             health_events: false,
             mig_mode: false,
             prefetch: true,
+            check_interval: None,
         }
     }
 }
@@ -155,6 +158,7 @@ rediscovery_interval = "{rediscovery}"
 
 [claims]
 prefetch = {prefetch}
+{check_interval}
 
 [mock]
 gpus = {gpus}
@@ -170,6 +174,7 @@ gpus = {gpus}
             mig_mode = if settings.mig_mode { "mig_mode = true" } else { "" },
             mig = if settings.mig_mode { "[mig]\ndynamic = [\"*\"]" } else { "" },
             prefetch = settings.prefetch,
+            check_interval = settings.check_interval.map_or(String::new(), |i| format!("check_interval = \"{i}\"")),
             rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
             health = if settings.health_events {
                 let events = d.join("gpu-events");
