@@ -300,9 +300,13 @@ pub async fn release_stale_claims(
         let now = Instant::now();
         suspects.retain(|uid, _| records.iter().any(|r| &r.uid == uid));
         let node_identity = node_identity == Some(true);
+        let named_twice = named_twice(&records);
         for rec in records.iter().filter(|r| r.phase == Phase::PrepareCompleted) {
-            // A pod of this node still runs with it: the claim holds, no read needed.
-            if in_use.uses(&rec.namespace, &rec.name) == Some(true) {
+            // A pod of this node still runs with it: the claim holds, no read needed. Two
+            // records of one name (a claim deleted and created again, both prepared here)
+            // are read: a pod names a claim by name, and only the UID tells them apart.
+            let key = (rec.namespace.as_str(), rec.name.as_str());
+            if !named_twice.contains(&key) && in_use.uses(&rec.namespace, &rec.name) == Some(true) {
                 suspects.remove(&rec.uid);
                 continue;
             }
@@ -377,6 +381,19 @@ pub async fn release_stale_claims(
             delay = delay.min(settings.release_after.max(Duration::from_secs(1)));
         }
     }
+}
+
+/// The `(namespace, name)` of claims with more than one record.
+fn named_twice(records: &[ClaimRecord]) -> BTreeSet<(&str, &str)> {
+    let mut seen = BTreeSet::new();
+    let mut twice = BTreeSet::new();
+    for r in records {
+        let key = (r.namespace.as_str(), r.name.as_str());
+        if !seen.insert(key) {
+            twice.insert(key);
+        }
+    }
+    twice
 }
 
 /// Asks the API server who edra is: whether a refusal means "no pod of this node uses it"

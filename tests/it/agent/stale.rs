@@ -110,3 +110,27 @@ async fn a_claim_a_running_pod_uses_is_not_read_at_rest_and_one_whose_pod_went_i
     assert_eq!(claim_reads(&cluster, "used", mark), 0);
     agent.stop().await;
 }
+
+#[tokio::test]
+async fn a_claim_created_again_under_the_name_of_one_still_prepared_is_told_apart_by_its_uid() {
+    let cluster = Cluster::start().await;
+    let agent = Agent::start(cluster.fs(), cluster.config_with(NODE, &quick_checks())).await;
+    let mut v1 = agent.v1().await;
+    // The first "c" was prepared, its pod went without an unprepare, and it was deleted;
+    // a new "c" for a new pod of this node, on another GPU, is prepared too.
+    let old = reserved_claim(&cluster, "c", "gpu-0");
+    prepare_ok(&mut v1, &old).await;
+    cluster.server.delete_claim("default", "c").expect("the claim existed");
+    let new = reserved_claim(&cluster, "c", "gpu-1");
+    assert_ne!(old.uid, new.uid);
+    prepare_ok(&mut v1, &new).await;
+    let mut pod = bound_pod("default", "pod-c", NODE, &[("gpu", "c")]);
+    pod["status"]["phase"] = serde_json::json!("Running");
+    cluster.server.put_pod(pod);
+    // The running pod names "c", which both records are called: the old one is still read,
+    // found replaced, and released; the new one stays.
+    let fs = cluster.fs();
+    wait_until("the replaced claim released", || !fs.spec_file(&old.uid).exists()).await;
+    assert!(fs.spec_file(&new.uid).exists());
+    agent.stop().await;
+}
