@@ -196,9 +196,13 @@ pub async fn run_signalling(
     let gpu_changes = preparer.gpu_change_counts();
     let mps_stats = preparer.mps_stats();
     let supervising = tokio::spawn(supervise_mps(preparer.clone(), config.mps.check_interval, shutdown.clone()));
+    // The pod watch (with claims.prefetch) tells the stale-claim check which claims pods
+    // of this node still use; without it every prepared claim is read at each check.
+    let in_use = Arc::new(crate::prepare::in_use::PodsInUse::default());
     let releasing = tokio::spawn(crate::prepare::stale::release_stale_claims(
         preparer.clone(),
         cluster.clone(),
+        in_use.clone(),
         config.node_name.clone(),
         config.claims,
         shutdown.clone(),
@@ -208,6 +212,7 @@ pub async fn run_signalling(
         tokio::spawn(crate::prepare::prefetch::watch_pods(
             p,
             stager,
+            in_use,
             client.clone(),
             config.node_name.clone(),
             shutdown.clone(),

@@ -61,6 +61,8 @@ pub struct SiteSettings {
     /// The device backend: `mock` (the default), or `nvml` for this machine's own GPUs
     /// (driver root `/`, the host's `/dev` and `/sys`).
     pub backend: &'static str,
+    /// `claims.check_interval` (edra's default: 5 minutes).
+    pub check_interval: Option<&'static str>,
 }
 
 /// Where the state and CDI directories live.
@@ -92,6 +94,7 @@ impl Default for SiteSettings {
             mig_mode: false,
             prefetch: true,
             backend: "mock",
+            check_interval: None,
         }
     }
 }
@@ -162,6 +165,7 @@ rediscovery_interval = "{rediscovery}"
 
 [claims]
 prefetch = {prefetch}
+{check_interval}
 
 [mock]
 gpus = {gpus}
@@ -178,6 +182,7 @@ gpus = {gpus}
             mig_mode = if settings.mig_mode { "mig_mode = true" } else { "" },
             mig = if settings.mig_mode { "[mig]\ndynamic = [\"*\"]" } else { "" },
             prefetch = settings.prefetch,
+            check_interval = settings.check_interval.map_or(String::new(), |i| format!("check_interval = \"{i}\"")),
             rate_limit = settings.rate_limit.map_or(String::new(), |(q, b)| format!("qps = {q}\nburst = {b}")),
             health = if settings.health_events {
                 let events = d.join("gpu-events");

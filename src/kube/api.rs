@@ -23,7 +23,11 @@ fn decode<T: DeserializeOwned>(op: &str, body: &Bytes) -> Result<T, Error> {
     serde_json::from_slice(body).map_err(|source| Error::Decode { operation: op.to_string(), source })
 }
 
+/// A claim from its body, once [`super::shape::check_claim`] found it holds no more than a
+/// claim may: its bytes are bounded, and so is what they become.
 fn decode_claim(api: ResourceApi, op: &str, body: &Bytes) -> Result<ResourceClaim, Error> {
+    super::shape::check_claim(body)
+        .map_err(|e| Error::Convert { operation: op.to_string(), problem: e.to_string() })?;
     convert::claim_from_body(api, body).map_err(|e| convert_err(op, e))
 }
 

@@ -388,19 +388,19 @@ impl Client {
             return Err(too_large());
         }
         let timeout = self.inner.settings.request_timeout;
-        let collected = tokio::time::timeout_at(deadline, Limited::new(resp.into_body(), limit.bytes).collect())
-            .await
-            .map_err(|_| Error::Timeout { operation: op.to_string(), after: timeout })?
-            .map_err(|e| {
-                if e.is::<LengthLimitError>() {
-                    too_large()
-                } else {
-                    Error::Transport { operation: op.to_string(), source: e }
-                }
-            })?;
-        let bytes = collected.to_bytes();
-        self.record_received(bytes.len());
-        Ok(bytes)
+        let collected =
+            tokio::time::timeout_at(deadline, collect(Limited::new(resp.into_body(), limit.bytes), declared))
+                .await
+                .map_err(|_| Error::Timeout { operation: op.to_string(), after: timeout })?
+                .map_err(|e| {
+                    if e.is::<LengthLimitError>() {
+                        too_large()
+                    } else {
+                        Error::Transport { operation: op.to_string(), source: e }
+                    }
+                })?;
+        self.record_received(collected.len());
+        Ok(collected)
     }
 
     /// One attempt, body included, within one request timeout (and before `until`).
@@ -511,6 +511,22 @@ pub const DISCOVERY_BODY_LIMIT: usize = 1 << 20;
 pub const OBJECT_BODY_LIMIT: usize = 16 << 20;
 /// A list of this node's ResourceSlices.
 pub const LIST_BODY_LIMIT: usize = 64 << 20;
+
+/// A body's data in one buffer, each frame copied in as it arrives and then dropped: the
+/// body is held once, not as its frames and their concatenation. `declared` (the
+/// Content-Length, already checked against the limit) sizes the buffer up front.
+async fn collect(
+    mut body: Limited<Incoming>,
+    declared: Option<u64>,
+) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+    let mut buf = bytes::BytesMut::with_capacity(declared.and_then(|n| usize::try_from(n).ok()).unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
 
 /// The body limit of a request (watches: of its error body; events have their own).
 pub(super) fn body_limit(req: &Request<Bytes>) -> BodyLimit {

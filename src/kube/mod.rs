@@ -5,7 +5,8 @@
 //! ([`client`]); the operations edra needs ([`api`]); version conversion of
 //! resource.k8s.io objects ([`convert`]); a watcher of ResourceSlices and of this node's pods
 //! ([`watcher`], [`pods`]); and
-//! self-reviews of identity and permissions ([`review`]); the client with its discovered
+//! self-reviews of identity and permissions ([`review`]); bounds on what a claim body may
+//! hold before it is decoded ([`shape`]); the client with its discovered
 //! resource.k8s.io version as the agent shares it ([`cluster`]).
 
 pub mod api;
@@ -19,6 +20,7 @@ pub mod kubeconfig;
 pub mod pods;
 pub mod request;
 pub mod review;
+pub mod shape;
 pub mod tls;
 pub mod watcher;
 

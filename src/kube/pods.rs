@@ -22,6 +22,9 @@ pub struct PodClaims {
     /// The pod has not started yet: bound, not running, not terminating. Only such a pod's
     /// claims are about to be prepared.
     pub starting: bool,
+    /// The pod ended (phase Succeeded or Failed): its containers are gone, so it holds no
+    /// claim any more, though it may stay listed for long.
+    pub ended: bool,
     /// Names of the ResourceClaims it uses, as far as they are known yet.
     pub claims: Vec<String>,
 }
@@ -89,6 +92,7 @@ impl From<Wire> for PodClaims {
         claims.dedup();
         let phase = w.status.phase.unwrap_or_default();
         PodClaims {
+            ended: phase == "Succeeded" || phase == "Failed",
             namespace: w.metadata.namespace.unwrap_or_default(),
             name: w.metadata.name.unwrap_or_default(),
             starting: w.metadata.deletion_timestamp.is_none() && (phase.is_empty() || phase == "Pending"),
@@ -160,7 +164,9 @@ mod tests {
             if deleting {
                 v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
             }
-            assert!(!pod(v).starting, "{phase}, deleting: {deleting}");
+            let p = pod(v);
+            assert!(!p.starting, "{phase}, deleting: {deleting}");
+            assert_eq!(p.ended, phase == "Succeeded" || phase == "Failed", "{phase}");
         }
         assert!(pod(json!({"metadata": {"name": "p"}})).starting, "no status yet");
     }

@@ -69,6 +69,9 @@ impl Cluster {
                     Err(ClaimFetchError::Throttled { namespace: ns.clone(), name: n.clone(), source: Box::new(e) })
                 }
                 Ok(Err(crate::kube::Error::Decode { source, .. })) => Err(ClaimFetchError::unreadable(&ns, &n, source)),
+                Ok(Err(crate::kube::Error::Convert { problem, .. })) => {
+                    Err(ClaimFetchError::Refused { namespace: ns.clone(), name: n.clone(), problem })
+                }
                 Ok(Err(e)) => Err(api_error(Box::new(e))),
                 Err(_) => {
                     Err(api_error(format!("no answer from the API server within {}s", FETCH_BUDGET.as_secs()).into()))

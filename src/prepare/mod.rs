@@ -25,6 +25,7 @@ pub mod cdi;
 pub mod cdi_validate;
 pub mod config;
 pub mod driver_files;
+pub mod in_use;
 pub use crate::failpoint;
 pub mod locks;
 pub mod mig;
@@ -85,6 +86,20 @@ pub enum ClaimFetchError {
         /// The decoder's error.
         #[source]
         source: serde_json::Error,
+    },
+    /// The API server sent what edra does not decode as a claim: more than a claim may
+    /// hold ([`crate::kube::shape`]), or not an object.
+    #[error(
+        "ResourceClaim {namespace}/{name} cannot be read: {problem}; the API server never accepts such a claim, so \
+         it or a proxy in front of it is misbehaving"
+    )]
+    Refused {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What is wrong.
+        problem: String,
     },
     /// edra's own client-side rate limit would have held the read past the call's
     /// deadline, so it was not sent.
@@ -391,6 +406,38 @@ pub enum PrepareError {
         found: String,
         /// The GPU's memory, as a quantity.
         gpu_memory: String,
+    },
+    /// An allocation result's consumed memory is not a share edra publishes.
+    #[error(
+        "the allocation of device {device} has consumedCapacity memory {found:?}, which is not a share edra \
+         publishes: its memory capacity is published with requestPolicy validRange {{min: {step}, step: {step}}} \
+         (sharing.memory_step), so a share is at least {step} and a multiple of {step}; delete the pod so the \
+         claim is allocated again"
+    )]
+    UnpublishedShare {
+        /// The device.
+        device: String,
+        /// The consumed memory as found.
+        found: String,
+        /// `sharing.memory_step`, as a quantity.
+        step: String,
+    },
+    /// A device, or a share of it, appears twice among a claim's allocation results.
+    #[error(
+        "device {device}{} is allocated twice in the claim (requests {first} and {second}); a device is allocated \
+         once per claim and a share ID is unique per device, so the allocation is not one the scheduler makes; \
+         delete the pod so the claim is allocated again",
+        .share_id.as_ref().map(|s| format!(" with share ID {s}")).unwrap_or_default()
+    )]
+    DuplicateAllocation {
+        /// The device.
+        device: String,
+        /// The share ID both results carry, if any.
+        share_id: Option<String>,
+        /// The first result's request.
+        first: String,
+        /// The second result's request.
+        second: String,
     },
     /// A sharing strategy asked for on a share of a GPU.
     #[error(

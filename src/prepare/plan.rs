@@ -40,6 +40,7 @@ pub fn plan(
     if results.is_empty() {
         return Err(PrepareError::NoDevices { driver: settings.driver.clone(), pool: settings.node.clone() });
     }
+    check_unique(&results)?;
     let mut resolved = Vec::with_capacity(results.len());
     for r in &results {
         let found = settings
@@ -53,7 +54,7 @@ pub fn plan(
     let vendor = settings.cdi_vendor();
     let mut out = Vec::with_capacity(results.len());
     for ((r, found), cfg) in results.into_iter().zip(resolved).zip(configs) {
-        let share = share_of(r, &found)?;
+        let share = share_of(r, &found, settings.sharing.memory_step)?;
         let record = DeviceRecord {
             request: r.request.clone(),
             request_names: vec![config::base_request(&r.request).to_string()],
@@ -146,9 +147,37 @@ fn unresolved(settings: &PrepareSettings, inventory: &Inventory, name: &str) -> 
     PrepareError::MigUnavailable { device: name.to_string(), reason }
 }
 
+/// Refuses a claim whose results name a device twice, as the scheduler never allocates: a
+/// device appears once per claim, or, as shares of it, each with its own share ID. Results
+/// with admin access are left out (the API lets them repeat a device).
+fn check_unique(results: &[&DeviceRequestAllocationResult]) -> Result<(), PrepareError> {
+    let mut seen: std::collections::HashMap<&str, Vec<(Option<&str>, &str)>> =
+        std::collections::HashMap::with_capacity(results.len());
+    for r in results.iter().filter(|r| !r.admin_access.unwrap_or(false)) {
+        let share = r.share_id.as_deref();
+        let earlier = seen.entry(r.device.as_str()).or_default();
+        // Two shares with their own IDs may name one device; anything else is a repeat.
+        if let Some((_, first)) = earlier.iter().find(|(s, _)| share.is_none() || s.is_none() || *s == share) {
+            return Err(PrepareError::DuplicateAllocation {
+                device: r.device.clone(),
+                share_id: share.map(str::to_string),
+                first: first.to_string(),
+                second: r.request.clone(),
+            });
+        }
+        earlier.push((share, r.request.as_str()));
+    }
+    Ok(())
+}
+
 /// The share of its GPU an allocation result takes: for a consumable-capacity allocation
-/// (it carries a share ID) the consumed memory, for a replica its part of the memory.
-fn share_of(r: &DeviceRequestAllocationResult, found: &Resolved) -> Result<Option<ShareRecord>, PrepareError> {
+/// (it carries a share ID) the consumed memory, which must be one edra publishes (at least
+/// `step` and a multiple of it, `sharing.memory_step`), for a replica its part of the memory.
+fn share_of(
+    r: &DeviceRequestAllocationResult,
+    found: &Resolved,
+    step: u64,
+) -> Result<Option<ShareRecord>, PrepareError> {
     let gpu_memory = found.gpu.capacity.get("memory").copied().unwrap_or(0);
     if let Some(replica) = &found.replica {
         let memory = replica.capacity.get("memory").copied().unwrap_or(0);
@@ -170,6 +199,15 @@ fn share_of(r: &DeviceRequestAllocationResult, found: &Resolved) -> Result<Optio
             }
         })?,
     };
+    if let Some(q) = r.consumed_capacity.as_ref().and_then(|c| c.get("memory"))
+        && (memory < step.max(1) || memory % step.max(1) != 0)
+    {
+        return Err(PrepareError::UnpublishedShare {
+            device: r.device.clone(),
+            found: q.0.chars().take(64).collect(),
+            step: crate::publish::desired::quantity(step),
+        });
+    }
     Ok(Some(ShareRecord { gpu: found.gpu.name.clone(), memory, gpu_memory }))
 }
 

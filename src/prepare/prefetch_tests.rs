@@ -270,6 +270,7 @@ fn pod(name: &str, phase: &str, claims: &[&str]) -> PodClaims {
         namespace: "ns".into(),
         name: name.into(),
         starting: phase == "Pending",
+        ended: phase == "Succeeded" || phase == "Failed",
         claims: claims.iter().map(|c| c.to_string()).collect(),
     }
 }

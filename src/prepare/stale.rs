@@ -2,8 +2,12 @@
 //! unprepare the kubelet never sent, must not hold its GPUs (and its CDI spec, MPS daemon,
 //! compute modes, MIG instances) forever.
 //!
-//! Every `claims.check_interval` each prepared claim is read from the API server. It is
-//! *gone* when the ResourceClaim no longer exists, exists under another UID (deleted and
+//! Every `claims.check_interval` each prepared claim that no pod of this node uses any more
+//! is read from the API server: a claim that a pod of this node which has not ended names,
+//! as the pod watch sees it ([`super::in_use`]), is not read, so a node at rest sends no
+//! claim reads however many claims it holds. Without the watch (`claims.prefetch = false`,
+//! not listed yet, or failed and not delivering again since) every prepared claim is read,
+//! as the watch cannot say. A read claim is *gone* when the ResourceClaim no longer exists, exists under another UID (deleted and
 //! created again), is no longer allocated, or is reserved for no pod; with node credentials
 //! also when the node authorizer refuses to let the node read it (it does so exactly when no
 //! pod bound to this node references the claim). A claim seen gone is released only when it
@@ -28,6 +32,7 @@ use tokio::sync::{OwnedMutexGuard, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::in_use::PodsInUse;
 use super::{PrepareError, Preparer};
 use crate::kube::{Cluster, backoff::Backoff};
 use crate::plugin::ClaimRef;
@@ -162,7 +167,9 @@ impl Preparer {
             .await?;
             match applied {
                 Err(PrepareError::State(
-                    conflict @ (StateError::DeviceHeld { .. } | StateError::SharesExceed { .. }),
+                    conflict @ (StateError::DeviceHeld { .. }
+                    | StateError::SharesExceed { .. }
+                    | StateError::ShareIdTaken { .. }),
                 )) if !checked => {
                     checked = true;
                     self.release_gone_holders(&record, conflict, deadline).await?;
@@ -253,11 +260,13 @@ impl Preparer {
     }
 }
 
-/// Checks the prepared claims every `settings.check_interval` until `shutdown`, releasing
-/// those that stay gone for `settings.release_after`.
+/// Checks the prepared claims every `settings.check_interval` until `shutdown` (those no
+/// pod of this node uses, as `in_use` tells, or all while it cannot say), releasing those
+/// that stay gone for `settings.release_after`.
 pub async fn release_stale_claims(
     preparer: Preparer,
     cluster: Arc<Cluster>,
+    in_use: Arc<PodsInUse>,
     node: String,
     settings: StaleSettings,
     mut shutdown: watch::Receiver<bool>,
@@ -291,7 +300,16 @@ pub async fn release_stale_claims(
         let now = Instant::now();
         suspects.retain(|uid, _| records.iter().any(|r| &r.uid == uid));
         let node_identity = node_identity == Some(true);
+        let named_twice = named_twice(&records);
         for rec in records.iter().filter(|r| r.phase == Phase::PrepareCompleted) {
+            // A pod of this node still runs with it: the claim holds, no read needed. Two
+            // records of one name (a claim deleted and created again, both prepared here)
+            // are read: a pod names a claim by name, and only the UID tells them apart.
+            let key = (rec.namespace.as_str(), rec.name.as_str());
+            if !named_twice.contains(&key) && in_use.uses(&rec.namespace, &rec.name) == Some(true) {
+                suspects.remove(&rec.uid);
+                continue;
+            }
             let check = || async {
                 let answer = async {
                     let api = cluster.api().await?;
@@ -363,6 +381,19 @@ pub async fn release_stale_claims(
             delay = delay.min(settings.release_after.max(Duration::from_secs(1)));
         }
     }
+}
+
+/// The `(namespace, name)` of claims with more than one record.
+fn named_twice(records: &[ClaimRecord]) -> BTreeSet<(&str, &str)> {
+    let mut seen = BTreeSet::new();
+    let mut twice = BTreeSet::new();
+    for r in records {
+        let key = (r.namespace.as_str(), r.name.as_str());
+        if !seen.insert(key) {
+            twice.insert(key);
+        }
+    }
+    twice
 }
 
 /// Asks the API server who edra is: whether a refusal means "no pod of this node uses it"

@@ -260,3 +260,58 @@ async fn a_share_of_a_gpu_time_sliced_for_its_shares_is_released_durably() {
     assert_eq!(holders, [UID2]);
     assert_eq!(f.smi.calls().len(), 1, "b still holds a share: the GPU stays time-sliced");
 }
+
+#[tokio::test]
+async fn shares_edra_does_not_publish_are_refused_naming_the_device_the_field_and_the_rule() {
+    // The fixture publishes gpu-0 with validRange {min: 1Gi, step: 1Gi} (sharing.memory_step).
+    let f = fixture();
+    let odd = [(UID1, "zero", "0"), (UID2, "small", "100Mi"), (UID3, "between", "1500Mi")];
+    for (uid, name, memory) in odd {
+        f.claims.put(shared_claim(uid, name, &[("gpu", "gpu-0", SHARE1, memory)], json!([])));
+    }
+    f.claims.put(shared_claim(UID4, "fits", &[("gpu", "gpu-0", SHARE2, "2048Mi")], json!([])));
+    let refs: Vec<_> = odd.iter().map(|(uid, name, _)| cref(uid, name)).chain([cref(UID4, "fits")]).collect();
+    let r = f.preparer.prepare(refs).await;
+    for (uid, _, memory) in odd {
+        let e = err(&r, uid);
+        assert!(
+            e.contains(&format!("the allocation of device gpu-0 has consumedCapacity memory \"{memory}\""))
+                && e.contains("requestPolicy validRange {min: 1Gi, step: 1Gi} (sharing.memory_step)"),
+            "{e}"
+        );
+        assert!(f.preparer.store().claim(uid).unwrap().is_none());
+    }
+    ok(&r, UID4);
+    let held: Vec<_> = f.preparer.store().shares_of("gpu-0").unwrap().into_iter().map(|s| s.memory).collect();
+    assert_eq!(held, [2 * GI], "only the published share is held");
+}
+
+#[tokio::test]
+async fn a_device_or_share_allocated_twice_is_refused_in_one_claim_and_across_claims() {
+    let f = fixture();
+    // 500 identical whole-GPU results.
+    let many = vec![("gpu", DRIVER, NODE, "gpu-1", false); 500];
+    f.claims.put(claim(UID1, "many", &many, json!([])));
+    // One share ID twice in one claim.
+    let twice = [("gpu", "gpu-0", SHARE1, "10Gi"), ("alt/one", "gpu-0", SHARE1, "10Gi")];
+    f.claims.put(shared_claim(UID2, "twice", &twice, json!([])));
+    // Admin access may name a device more than once, as the API allows.
+    let admin = [("gpu", DRIVER, NODE, "gpu-3", true), ("alt/one", DRIVER, NODE, "gpu-3", true)];
+    f.claims.put(claim(UID3, "admin", &admin, json!([])));
+    let r = f.preparer.prepare(vec![cref(UID1, "many"), cref(UID2, "twice"), cref(UID3, "admin")]).await;
+    let e = err(&r, UID1);
+    assert!(e.contains("device gpu-1 is allocated twice in the claim (requests gpu and gpu)"), "{e}");
+    let e = err(&r, UID2);
+    assert!(e.contains(&format!("device gpu-0 with share ID {SHARE1} is allocated twice in the claim")), "{e}");
+    assert!(f.preparer.store().claim(UID1).unwrap().is_none() && f.preparer.store().claim(UID2).unwrap().is_none());
+    assert_eq!(ok(&r, UID3).len(), 2);
+
+    // The same share ID of gpu-0 in two claims: the second is refused, naming the first.
+    f.claims.put(shared_claim(UID1, "first", &[("gpu", "gpu-0", SHARE1, "10Gi")], json!([])));
+    f.claims.put(shared_claim(UID2, "second", &[("gpu", "gpu-0", SHARE1, "10Gi")], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "first")]).await, UID1);
+    let e = err(&f.preparer.prepare(vec![cref(UID2, "second")]).await, UID2);
+    assert!(e.contains(&format!("share {SHARE1} of device gpu-0 is already prepared for claim ns/first")), "{e}");
+    let held: Vec<_> = f.preparer.store().shares_of("gpu-0").unwrap().into_iter().map(|s| s.claim).collect();
+    assert_eq!(held, [UID1]);
+}

@@ -227,3 +227,15 @@ fn shared_gpu_daemons_are_named_by_their_gpu_and_limits_are_whole_mib_rounded_do
         assert_eq!(pinned_limit_env(memory), env, "{memory}");
     }
 }
+
+#[tokio::test]
+async fn a_zero_share_never_gets_a_pinned_memory_limit_above_it() {
+    // Refused before anything is set: no daemon, no spec with a 1M limit for a share of nothing.
+    let f = mps_fixture();
+    f.claims.put(shared_claim(UID1, "zero", &[("gpu", "gpu-0", SHARE1, "0")], json!([])));
+    let e = err(&f.preparer.prepare(vec![cref(UID1, "zero")]).await, UID1);
+    assert!(e.contains("has consumedCapacity memory \"0\", which is not a share edra publishes"), "{e}");
+    assert!(f.mps.calls().is_empty(), "{:?}", f.mps.calls());
+    assert!(!f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{UID1}.json")).exists());
+    assert_eq!(f.modes.mode(GPU0), ComputeMode::Prohibited, "the GPU is left as it was");
+}

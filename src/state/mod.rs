@@ -139,6 +139,23 @@ pub enum StateError {
         /// The other holders with their memory.
         holders: String,
     },
+    /// Another claim holds a share of the device with the same share ID.
+    #[error(
+        "share {share_id} of device {device} is already prepared for claim {}UID {holder}; a share ID is unique per \
+         device, so the allocation is not one the scheduler makes: delete one of the pods so its claim is \
+         allocated again",
+        .holder_name.as_ref().map(|n| format!("{n}, ")).unwrap_or_default()
+    )]
+    ShareIdTaken {
+        /// The device.
+        device: String,
+        /// The share ID.
+        share_id: String,
+        /// The claim UID holding it.
+        holder: String,
+        /// `namespace/name` of that claim, when its record is readable.
+        holder_name: Option<String>,
+    },
     /// A GPU's stored list of shares cannot be read.
     #[error(
         "the share list of GPU {gpu} in edra's state cannot be read, so its free memory is unknown and no share of \
@@ -742,6 +759,16 @@ impl Store {
                             memory: s.memory,
                         })
                         .collect();
+                    if let Some(taken) = list.iter().find(|h| {
+                        h.share_id.is_some() && mine.iter().any(|m| m.device == h.device && m.share_id == h.share_id)
+                    }) {
+                        return Err(ConflictableTransactionError::Abort(StateError::ShareIdTaken {
+                            device: taken.device.clone(),
+                            share_id: taken.share_id.clone().unwrap_or_default(),
+                            holder_name: holder_name(taken.claim.as_bytes())?,
+                            holder: taken.claim.clone(),
+                        }));
+                    }
                     let asked: u64 = mine.iter().fold(0, |a, h| a.saturating_add(h.memory));
                     if used.saturating_add(asked) > gpu_memory {
                         let mut holders = Vec::new();

@@ -5,7 +5,8 @@
 //! early is prepared at once ([`crate::prepare::stage`]), and released again when no pod
 //! of this node waits for it any more before the kubelet asked for it — also when the pod
 //! went while the claim was being read or prepared: each early preparation that ends is
-//! checked against the pods the watch knows then.
+//! checked against the pods the watch knows then. Every pod event also keeps
+//! [`PodsInUse`] current, which spares the stale-claim check its reads of claims in use.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use super::{Early, Prefetcher};
 use crate::kube::pods::PodClaims;
 use crate::kube::{Client, Event};
 use crate::prepare::Preparer;
+use crate::prepare::in_use::PodsInUse;
 use crate::prepare::stage::Staged;
 use crate::util::{error_chain, stopped};
 
@@ -83,11 +85,12 @@ impl Pods {
 
 /// Watches the pods bound to `node` and reads the claims of those about to start into
 /// `prefetcher`, until `shutdown`; with `stager`, claims read are prepared at once and those
-/// no pod waits for any more before the kubelet asked are released. Reads in flight at
-/// shutdown are dropped.
+/// no pod waits for any more before the kubelet asked are released; `in_use` follows the
+/// claims of the pods that have not ended. Reads in flight at shutdown are dropped.
 pub async fn watch_pods(
     prefetcher: Arc<Prefetcher>,
     stager: Option<Preparer>,
+    in_use: Arc<PodsInUse>,
     client: Client,
     node: String,
     mut shutdown: watch::Receiver<bool>,
@@ -119,12 +122,20 @@ pub async fn watch_pods(
                 if last_error.take().is_some() {
                     info!(node = %node, "watching this node's pods again; their claims are read before the kubelet asks");
                 }
+                in_use.listed(&all);
                 pods.restarted(all, &mut changes);
                 debug!(starting_pods = pods.len(), "pods of this node listed");
             }
-            Event::Applied(pod) => pods.applied(pod, &mut changes),
-            Event::Deleted(pod) => pods.gone(&pod.key(), &mut changes),
+            Event::Applied(pod) => {
+                in_use.applied(&pod);
+                pods.applied(pod, &mut changes)
+            }
+            Event::Deleted(pod) => {
+                in_use.deleted(&pod);
+                pods.gone(&pod.key(), &mut changes)
+            }
             Event::Error(e) => {
+                in_use.lost();
                 let message = error_chain(&e);
                 // Once per distinct error: a missing permission would otherwise repeat forever.
                 if last_error.as_deref() != Some(message.as_str()) {
