@@ -10,8 +10,9 @@
 //! creates slices first re-reads the Node (a Node re-created under a new uid takes its
 //! slices with it, and new slices must name the new owner); then the writes are applied
 //! and the pool re-planned at once. A failure backs off with jitter; changes while backing
-//! off do not hurry the retry. GPU health comes in as [`Input::Health`]: its taints are
-//! planned with the inventory, and a server that drops them (the answer to a write
+//! off do not hurry the retry. GPU health comes in as [`Input::Health`]: it is urgent (no
+//! debounce: a new taint keeps claims off a failing GPU), its taints are planned with the
+//! inventory, and a server that drops them (the answer to a write
 //! carrying taints has none) is written without them from then on, logged once.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -392,7 +393,7 @@ impl Machine {
             }
             Input::Health(health) => {
                 self.health = health;
-                self.changed(now);
+                self.urgent(now);
                 Action::Wait
             }
             Input::Shares(held) => {
@@ -448,6 +449,18 @@ impl Machine {
     fn changed(&mut self, now: Instant) {
         if self.state == State::Idle {
             self.state = State::Due { at: now + DEBOUNCE };
+        }
+    }
+
+    /// A change that must reach the API server without the debounce (a GPU's health: its
+    /// taint keeps new claims off it): an idle machine, or one waiting out the debounce,
+    /// reconciles now. Changes that come while writes are applied still join the one plan
+    /// that follows them, and a machine backing off from a failure is not hurried.
+    fn urgent(&mut self, now: Instant) {
+        match self.state {
+            State::Idle => self.state = State::Due { at: now },
+            State::Due { at } if at > now => self.state = State::Due { at: now },
+            _ => {}
         }
     }
 

@@ -235,14 +235,14 @@ fn sick(uuid: &str) -> Arc<HealthSnapshot> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_health_change_is_one_tainted_update_after_the_debounce() {
+async fn a_health_change_is_one_tainted_update_at_once() {
     let mut m = machine(None, 2).with_health(Arc::default(), true);
     let mut counter = 0;
     publish_first(&mut m, &mut counter).await;
     let t0 = Instant::now();
     m.step(Input::Health(sick("GPU-00000001")), t0);
     let Action::Apply(p) = fire(&mut m).await else { panic!("the taint is written") };
-    assert_eq!(t0.elapsed(), DEBOUNCE);
+    assert_eq!(t0.elapsed(), Duration::ZERO, "no debounce for health");
     assert_eq!(p.updates.len(), 1);
     assert_eq!(m.state(), &State::Applying { generation: p.generation, tainted: true });
     let device = p.updates[0].spec.devices.iter().flatten().find(|d| d.name == "gpu-1").expect("gpu-1");
@@ -251,6 +251,43 @@ async fn a_health_change_is_one_tainted_update_after_the_debounce() {
     m.step(Input::Applied(applied), Instant::now());
     assert_eq!(fire(&mut m).await, Action::Wait, "converged");
     assert!(m.taints_kept());
+}
+
+#[tokio::test(start_paused = true)]
+async fn health_changes_during_a_write_join_one_plan_and_hurry_a_debounced_change() {
+    let mut m = machine(None, 2).with_health(Arc::default(), true);
+    let mut counter = 0;
+    publish_first(&mut m, &mut counter).await;
+    // A debounced change (a slice event) is pulled in by a health change.
+    let t0 = Instant::now();
+    let mut other = seen_by(&m)[0].clone();
+    other.metadata.labels = Some([("edited".to_string(), "yes".to_string())].into());
+    m.step(Input::Watch(watcher::Event::Applied(other)), t0);
+    assert_eq!(m.timer(), Some(t0 + DEBOUNCE));
+    m.step(Input::Health(sick("GPU-00000000")), t0);
+    assert_eq!(m.timer(), Some(t0), "health does not wait for the debounce");
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the taint is written") };
+    // Three more health changes while the write is applied: one plan after it, with all.
+    let mut both = (*sick("GPU-00000000")).clone();
+    both.gpus.extend(sick("GPU-00000001").gpus.clone());
+    for _ in 0..3 {
+        m.step(Input::Health(Arc::new(both.clone())), Instant::now());
+    }
+    assert!(matches!(m.state(), State::Applying { .. }), "a write in flight is not interrupted");
+    let applied = server_applies(&m, &p, &mut counter);
+    m.step(Input::Applied(applied), Instant::now());
+    let Action::Apply(p) = fire(&mut m).await else { panic!("the second taint is written") };
+    let tainted: Vec<&str> = p
+        .updates
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter(|d| d.taints.is_some())
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(tainted, ["gpu-0", "gpu-1"]);
+    let applied = server_applies(&m, &p, &mut counter);
+    m.step(Input::Applied(applied), Instant::now());
+    assert_eq!(fire(&mut m).await, Action::Wait, "converged after two writes");
 }
 
 #[tokio::test(start_paused = true)]
