@@ -199,6 +199,7 @@ pub async fn run_signalling(
     // The pod watch (with claims.prefetch) tells the stale-claim check which claims pods
     // of this node still use; without it every prepared claim is read at each check.
     let in_use = Arc::new(crate::prepare::in_use::PodsInUse::default());
+    let pods_in_use = in_use.clone();
     let releasing = tokio::spawn(crate::prepare::stale::release_stale_claims(
         preparer.clone(),
         cluster.clone(),
@@ -237,6 +238,20 @@ pub async fn run_signalling(
         status_tx,
         shutdown.clone(),
     ));
+    let status = crate::status::collect::StatusSources {
+        node: config.node_name.clone(),
+        driver: config.driver_name.clone(),
+        backend: backend.clone(),
+        store: store.clone(),
+        inventory: inventory_rx.clone(),
+        health: health_snapshot.clone(),
+        owned_mig: owned_mig.clone(),
+        registration: plugin.registration(),
+        publish: status_rx.clone(),
+        pods: pods_in_use,
+        started_at: started_at(),
+    };
+    let serving_status = crate::status::server::start(&config.paths.runtime_dir, status, shutdown.clone());
     let rediscovering =
         tokio::spawn(rediscover(backend, inventory_tx, (config.rediscovery_interval, owned_mig), shutdown.clone()));
     let serving_metrics = metrics_listener.map(|listener| {
@@ -265,7 +280,7 @@ pub async fn run_signalling(
     }
     let aborted = plugin.shutdown(config.shutdown_grace).await;
     let tasks = [publishing, rediscovering, readiness, healing, supervising, releasing, listing_health, monitor.task];
-    for task in tasks.into_iter().chain(watchdog).chain(serving_metrics).chain(prefetching) {
+    for task in tasks.into_iter().chain(watchdog).chain(serving_metrics).chain(prefetching).chain(serving_status) {
         let _ = task.await;
     }
     // Releases recorded lazily reach the disk now rather than with sled's next flush.
@@ -398,6 +413,10 @@ async fn discover(backend: &Arc<dyn DeviceBackend>) -> Result<Inventory, invento
 /// so one late probe or one lost list does not flip it.
 fn health_check_timeout(probe_interval: Duration) -> Duration {
     crate::plugin::RESEND_EVERY.max(probe_interval).saturating_mul(3)
+}
+
+fn started_at() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
 async fn list_device_health(

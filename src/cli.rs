@@ -68,6 +68,9 @@ pub enum Command {
     /// state and CDI folders of its own, never the node's. Exit code: 0 when no check
     /// failed, 1 when one did, 64 for bad usage or configuration.
     Selftest(SelftestArgs),
+    /// Show the running agent's view of this node: GPUs, health, taints, shares, MPS
+    /// daemons, MIG instances and the claims prepared (root only; works offline).
+    Status(StatusArgs),
     /// Print the version and build details.
     Version,
     /// OCI hooks run by container runtimes through edra's CDI specs.
@@ -195,6 +198,29 @@ pub struct DoctorArgs {
     /// Output format [default: table on a terminal, json otherwise].
     #[arg(long, short = 'o', value_enum, value_name = "FORMAT")]
     pub output: Option<DoctorOutputArg>,
+}
+
+/// Options of `edra status`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct StatusArgs {
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, value_name = "FORMAT", default_value = "text")]
+    pub output: StatusOutputArg,
+    /// Print the view again every two seconds until interrupted.
+    #[arg(long, short = 'w')]
+    pub watch: bool,
+}
+
+/// `edra status --output` values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutputArg {
+    /// Tables that fit 100 columns.
+    #[default]
+    Text,
+    /// More columns: UUIDs, share IDs, MIG instances, MPS daemons, conditions.
+    Wide,
+    /// The whole view as JSON (schema `edra.status/v1`, see docs/status.md).
+    Json,
 }
 
 /// Options of `edra selftest`.
@@ -333,7 +359,13 @@ impl Cli {
         let command = match &self.command {
             Command::Hook(h) => format!("hook {}", h.command.name()),
             Command::Version => "version".to_string(),
-            Command::Run(_) | Command::Inventory(_) | Command::Doctor(_) | Command::Selftest(_) => return None,
+            Command::Run(_)
+            | Command::Inventory(_)
+            | Command::Doctor(_)
+            | Command::Selftest(_)
+            | Command::Status(_) => {
+                return None;
+            }
         };
         let g = &self.global;
         let given: Vec<&str> = [
@@ -366,6 +398,7 @@ impl Cli {
             Command::Inventory(args) => args.node.overrides(&mut overrides),
             Command::Doctor(args) => args.run.overrides(&mut overrides),
             Command::Selftest(args) => args.node.overrides(&mut overrides),
+            Command::Status(_) => {}
             Command::Version | Command::Hook(_) => {}
         }
         Ok(LoadContext::from_process(self.global.config.clone(), overrides))

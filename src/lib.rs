@@ -15,6 +15,7 @@
 //! - [`device_config`]: the opaque `GpuConfig` model, shared by prepare and state.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
 //! - [`doctor`]: `edra doctor`, node and cluster checks that say what to fix.
+//! - [`status`]: `edra status`, the running agent's view of its node on a root-only socket.
 //! - [`selftest`]: `edra selftest`, the node path on this node's GPUs without a cluster.
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
@@ -48,6 +49,7 @@ pub mod publish;
 pub mod selftest;
 pub mod sharing;
 pub mod state;
+pub mod status;
 pub mod telemetry;
 pub mod util;
 

@@ -6,7 +6,9 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use edra::cli::{Cli, Command, DoctorOutputArg, OutputArg, SelftestArgs, SelftestOutputArg};
+use edra::cli::{
+    Cli, Command, DoctorOutputArg, OutputArg, SelftestArgs, SelftestOutputArg, StatusArgs, StatusOutputArg,
+};
 use edra::config::Config;
 
 /// EX_USAGE from sysexits.h: the configuration or command line is wrong.
@@ -45,13 +47,14 @@ fn main() -> ExitCode {
         Err(problems) => return config_failure(problems.iter().map(ToString::to_string).collect()),
     };
     // The self-test's report is its output; the agent's own log lines only when asked for.
-    let quiet = matches!(cli.command, Command::Selftest(_)) && cli.global.log_level.is_none();
+    let quiet = matches!(cli.command, Command::Selftest(_) | Command::Status(_)) && cli.global.log_level.is_none();
     edra::telemetry::init(config.log_format, if quiet { "warn" } else { &config.log_level });
     let result = match cli.command {
         Command::Run(_) => edra::app::run_blocking(config),
         Command::Inventory(args) => return inventory(&config, args.output),
         Command::Doctor(args) => return doctor(&config, args.output),
         Command::Selftest(args) => return selftest(&config, args),
+        Command::Status(args) => return status(&config, &args),
         Command::Version | Command::Hook(_) => unreachable!("handled above"),
     };
     match result {
@@ -126,6 +129,43 @@ fn selftest(config: &Config, args: SelftestArgs) -> ExitCode {
             eprintln!("edra selftest: {}", edra::util::error_chain(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `edra status`: the running agent's view, once or every two seconds.
+fn status(config: &Config, args: &StatusArgs) -> ExitCode {
+    use std::io::Write as _;
+    let socket = edra::status::server::socket_path(&config.paths.runtime_dir);
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("edra status: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let clear = args.watch && std::io::stdout().is_terminal();
+    loop {
+        let text = match rt.block_on(edra::status::client::fetch(&socket)) {
+            Ok(view) => match args.output {
+                StatusOutputArg::Json => edra::status::render::json(&view),
+                StatusOutputArg::Text => edra::status::render::text(&view, false),
+                StatusOutputArg::Wide => edra::status::render::text(&view, true),
+            },
+            Err(e) if !args.watch => {
+                eprintln!("edra status: {}", edra::util::error_chain(&e));
+                return ExitCode::FAILURE;
+            }
+            Err(e) => format!("edra status: {}\n", edra::util::error_chain(&e)),
+        };
+        let mut out = std::io::stdout().lock();
+        let written = if clear { out.write_all(b"\x1b[H\x1b[2J") } else { Ok(()) }
+            .and_then(|()| out.write_all(text.as_bytes()))
+            .and_then(|()| out.flush());
+        if written.is_err() || !args.watch {
+            return ExitCode::SUCCESS;
+        }
+        drop(out);
+        std::thread::sleep(std::time::Duration::from_secs(2));
     }
 }
 

@@ -73,6 +73,29 @@ impl PodsInUse {
     }
 }
 
+impl PodsInUse {
+    /// Whether the watch's view is current.
+    pub fn is_current(&self) -> bool {
+        self.known().current
+    }
+
+    /// The pods of this node that have not ended and name claim `namespace/name`, sorted;
+    /// `None` when the watch cannot say.
+    pub fn pods_of(&self, namespace: &str, name: &str) -> Option<Vec<String>> {
+        let known = self.known();
+        known.current.then(|| {
+            let mut pods: Vec<String> = known
+                .pods
+                .iter()
+                .filter(|((ns, _), claims)| ns == namespace && claims.iter().any(|c| c == name))
+                .map(|((_, pod), _)| pod.clone())
+                .collect();
+            pods.sort();
+            pods
+        })
+    }
+}
+
 fn uses_claims(pod: &PodClaims) -> bool {
     !pod.ended && !pod.claims.is_empty()
 }
@@ -107,7 +130,10 @@ mod tests {
         in_use.applied(&pod("p4", false, &["d"]));
         in_use.lost();
         assert_eq!(in_use.uses("ns", "d"), None, "the watch failed");
-        in_use.listed(&[pod("p4", false, &["d"])]);
+        assert_eq!(in_use.pods_of("ns", "d"), None);
+        in_use.listed(&[pod("p4", false, &["d"]), pod("p5", false, &["d", "e"])]);
         assert_eq!(in_use.uses("ns", "d"), Some(true));
+        assert_eq!(in_use.pods_of("ns", "d"), Some(vec!["p4".to_string(), "p5".to_string()]));
+        assert_eq!(in_use.pods_of("ns", "x"), Some(vec![]));
     }
 }

@@ -23,3 +23,4 @@ mod shares;
 mod sharing;
 mod single;
 mod stale;
+mod status;

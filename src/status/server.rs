@@ -1,0 +1,140 @@
+//! The agent's side of `edra status`: `GET /v1/status` over HTTP/1.1 on a Unix socket in
+//! the runtime directory. The directory is made 0700 and the socket 0600 (created under a
+//! umask that allows nothing else), so only root reaches it; any other request is 404.
+//! Each answer is collected on a blocking thread from what the agent holds; a connection
+//! is served for at most [`CONNECTION_LIMIT`], and the socket is removed at shutdown.
+
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::collect::{StatusSources, collect};
+
+/// How long one connection may stay open.
+pub const CONNECTION_LIMIT: Duration = Duration::from_secs(10);
+
+/// Why the status socket could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusServeError {
+    /// The runtime directory or the socket could not be made.
+    #[error("cannot serve the status socket {path}")]
+    Bind {
+        /// The socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The socket's path under `runtime_dir`.
+pub fn socket_path(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join(super::SOCKET)
+}
+
+/// Binds `<runtime_dir>/status.sock` (0600; the directory 0700), replacing a socket a
+/// previous agent left.
+pub fn bind(runtime_dir: &Path) -> Result<UnixListener, StatusServeError> {
+    let path = socket_path(runtime_dir);
+    let err = |source| StatusServeError::Bind { path: path.clone(), source };
+    std::fs::create_dir_all(runtime_dir).map_err(err)?;
+    crate::util::set_dir_mode(runtime_dir, 0o700).map_err(err)?;
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+            std::fs::remove_file(&path).map_err(err)?
+        }
+        Ok(_) => {
+            let what = "a file that is not a socket is in the way; remove it";
+            return Err(err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, what)));
+        }
+        Err(_) => {}
+    }
+    // SAFETY: umask only changes this process's file creation mask; it is put back at once.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(&path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    bound.map_err(err)
+}
+
+/// Binds and serves the status socket under `runtime_dir` until `shutdown`; a socket that
+/// cannot be bound is logged (the view is for people; the kubelet is served regardless).
+pub fn start(runtime_dir: &Path, sources: StatusSources, shutdown: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
+    match bind(runtime_dir) {
+        Ok(listener) => Some(serve(listener, runtime_dir, sources, shutdown)),
+        Err(e) => {
+            warn!(error = %crate::util::error_chain(&e), "edra status will not answer on this node");
+            None
+        }
+    }
+}
+
+/// Serves `listener` until `shutdown`, then removes the socket.
+pub fn serve(
+    listener: UnixListener,
+    runtime_dir: &Path,
+    sources: StatusSources,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let path = socket_path(runtime_dir);
+    info!(path = %path.display(), "serving edra status");
+    let sources = Arc::new(sources);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let sources = Arc::clone(&sources);
+                        tokio::spawn(async move {
+                            let service = hyper::service::service_fn(move |req| answer(Arc::clone(&sources), req));
+                            let conn = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), service);
+                            if tokio::time::timeout(CONNECTION_LIMIT, conn).await.is_err() {
+                                debug!("closing a status connection open too long");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "accepting a status connection failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+                _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
+            }
+        }
+        drop(listener);
+        let _ = std::fs::remove_file(&path);
+        debug!("status socket removed");
+    })
+}
+
+async fn answer(
+    sources: Arc<StatusSources>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let reply = |status: StatusCode, body: Vec<u8>| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+        r
+    };
+    if req.method() != Method::GET || req.uri().path() != "/v1/status" {
+        return Ok(reply(StatusCode::NOT_FOUND, br#"{"error":"only GET /v1/status is served"}"#.to_vec()));
+    }
+    let view = tokio::task::spawn_blocking(move || collect(&sources)).await;
+    Ok(match view.map(|v| serde_json::to_vec(&v)) {
+        Ok(Ok(body)) => reply(StatusCode::OK, body),
+        Ok(Err(e)) => reply(StatusCode::INTERNAL_SERVER_ERROR, format!(r#"{{"error":"{e}"}}"#).into_bytes()),
+        Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, format!(r#"{{"error":"{e}"}}"#).into_bytes()),
+    })
+}
