@@ -166,6 +166,7 @@ pub async fn run_signalling(
     };
     let preparer = open_and_recover(&config, inventory_rx.clone(), claims, backend.clone()).await?;
     let store = preparer.store().clone();
+    let claims_changed = preparer.claims_changed();
     let store_health = preparer.store().health();
     let held_shares = preparer.shared_gpus();
     let owned_mig = preparer.owned_mig();
@@ -252,6 +253,18 @@ pub async fn run_signalling(
         started_at: started_at(),
     };
     let serving_status = crate::status::server::start(&config.paths.runtime_dir, status, shutdown.clone());
+    let claim_status = crate::publish::claim_status::ClaimStatusSettings {
+        driver: config.driver_name.clone(),
+        mps_pipe_dir: crate::prepare::mps::CONTAINER_PIPE_DIR,
+    };
+    let writing_status = tokio::spawn(crate::publish::claim_status::keep_claim_status(
+        cluster.clone(),
+        claim_status,
+        store.clone(),
+        (inventory_rx.clone(), health_snapshot.clone()),
+        claims_changed,
+        shutdown.clone(),
+    ));
     let rediscovering =
         tokio::spawn(rediscover(backend, inventory_tx, (config.rediscovery_interval, owned_mig), shutdown.clone()));
     let serving_metrics = metrics_listener.map(|listener| {
@@ -279,7 +292,17 @@ pub async fn run_signalling(
         let _ = n.stopping();
     }
     let aborted = plugin.shutdown(config.shutdown_grace).await;
-    let tasks = [publishing, rediscovering, readiness, healing, supervising, releasing, listing_health, monitor.task];
+    let tasks = [
+        publishing,
+        rediscovering,
+        readiness,
+        healing,
+        supervising,
+        releasing,
+        listing_health,
+        monitor.task,
+        writing_status,
+    ];
     for task in tasks.into_iter().chain(watchdog).chain(serving_metrics).chain(prefetching).chain(serving_status) {
         let _ = task.await;
     }

@@ -153,6 +153,24 @@ impl Client {
         self.request(request::delete_slice(api, name, uid, resource_version)).await.map(|_| ())
     }
 
+    /// Server-side apply of `body` to claim `namespace/name`'s status as field manager
+    /// `manager`; the claim as the server stored it, as JSON.
+    pub async fn apply_claim_status(
+        &self,
+        api: ResourceApi,
+        namespace: &str,
+        name: &str,
+        manager: &str,
+        body: Vec<u8>,
+    ) -> Result<serde_json::Value, Error> {
+        let req = request::apply_claim_status(api, namespace, name, manager, body);
+        let answer = self.request(req).await?;
+        serde_json::from_slice(&answer).map_err(|e| Error::Convert {
+            operation: "PATCH resourceclaims/status".into(),
+            problem: format!("the answer is not JSON: {e}"),
+        })
+    }
+
     pub async fn get_claim(&self, api: ResourceApi, namespace: &str, name: &str) -> Result<ResourceClaim, Error> {
         self.get_claim_paced(api, namespace, name, Pace { until: None, queue: true }).await
     }

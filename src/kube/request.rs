@@ -158,6 +158,22 @@ pub fn get_claim(api: ResourceApi, namespace: &str, name: &str) -> Request<Bytes
     get(&api.claim_path(namespace, name))
 }
 
+/// Server-side apply of `body` (a partial ResourceClaim as JSON, which is YAML) to a
+/// claim's `status` subresource as field manager `manager`, taking over conflicting fields.
+pub fn apply_claim_status(
+    api: ResourceApi,
+    namespace: &str,
+    name: &str,
+    manager: &str,
+    body: Vec<u8>,
+) -> Request<Bytes> {
+    let path = format!("{}/status", api.claim_path(namespace, name));
+    let uri = with_query(&path, &[("fieldManager", manager), ("force", "true")]);
+    let mut r = build(Method::PATCH, uri, Some(body));
+    r.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/apply-patch+yaml"));
+    r
+}
+
 /// `/api/v1/pods`: the pods of all namespaces (narrowed by a field selector).
 pub const PODS_PATH: &str = "/api/v1/pods";
 

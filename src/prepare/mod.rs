@@ -615,6 +615,8 @@ struct Inner {
     staged: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
     /// Whether edra reads claims as this node, once the API server said ([`stale`]).
     node_identity: std::sync::OnceLock<bool>,
+    /// Bumped after every kubelet call that may have changed which claims are prepared.
+    claims_changed: watch::Sender<u64>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, PrepareError> {
@@ -713,11 +715,18 @@ impl Preparer {
             owned_mig: watch::Sender::new(Arc::default()),
             staged: Default::default(),
             node_identity: std::sync::OnceLock::new(),
+            claims_changed: watch::Sender::new(0),
         };
         let preparer = Self { inner: Arc::new(inner) };
         preparer.refresh_shared_gpus();
         preparer.refresh_owned_mig();
         preparer
+    }
+
+    /// A counter bumped after every prepare and unprepare call, once its answers are ready:
+    /// what follows the prepared claims (their status in the API server) re-reads the state.
+    pub fn claims_changed(&self) -> watch::Receiver<u64> {
+        self.inner.claims_changed.subscribe()
     }
 
     /// The GPUs with shares prepared, updated after every call that may change them.
@@ -1282,6 +1291,7 @@ impl DraHandler for Preparer {
         if results.values().flatten().flatten().any(|d| is_shared(d.share_id.as_deref(), &d.device_name)) {
             self.refresh_shared_gpus();
         }
+        self.inner.claims_changed.send_modify(|n| *n = n.wrapping_add(1));
         results
     }
 
@@ -1298,6 +1308,7 @@ impl DraHandler for Preparer {
         if !self.inner.shared_gpus.borrow().is_empty() {
             self.refresh_shared_gpus();
         }
+        self.inner.claims_changed.send_modify(|n| *n = n.wrapping_add(1));
         results
     }
 }

@@ -3,6 +3,7 @@
 //! when to plan and what to do with the outcome (no I/O), and the [`reconcile`] loop drives
 //! it: watches, applies and keeps going. [`taints`] turns GPU health into device taints.
 
+pub mod claim_status;
 pub mod desired;
 pub mod machine;
 pub mod plan;

@@ -3,6 +3,7 @@
 //! preparation through the kubelet's gRPC API, offline operation, and crash consistency
 //! at every failpoint of prepare and unprepare. The harness is `support::agent`.
 
+mod claim_status;
 mod crash;
 mod crash_mig;
 mod crash_release;

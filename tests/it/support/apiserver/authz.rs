@@ -86,6 +86,14 @@ fn admission_denial(attrs: &Attributes<'_>, what: &str) -> ApiError {
 }
 
 /// Decides one request. `node_authorizer` enables the node-authorizer emulation.
+/// The test's forbidden combinations alone (no node authorizer).
+pub fn forbidden_by_rule(identity: &UserInfo, attrs: &Attributes<'_>, rules: &[ForbidRule]) -> Result<(), ApiError> {
+    if rules.iter().any(|r| r.user == identity.user && r.verb == attrs.verb && r.resource == attrs.resource.plural) {
+        return Err(denial(identity, attrs, None));
+    }
+    Ok(())
+}
+
 pub fn authorize(
     identity: &UserInfo,
     attrs: &Attributes<'_>,

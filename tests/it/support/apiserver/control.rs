@@ -20,6 +20,35 @@ impl TestApiServer {
         self.shared.mutate(|s| s.forbid.push(rule));
     }
 
+    /// Grants node identities claim status writes for every driver (the opt-in RBAC).
+    pub fn grant_claim_status(&self) {
+        self.shared.mutate(|s| s.claim_status_rbac = true);
+    }
+
+    /// Drops `status.devices` of claims, as a server with `DRAResourceClaimDeviceStatus` off.
+    pub fn drop_device_status(&self) {
+        self.shared.mutate(|s| s.device_status = false);
+    }
+
+    /// Applies another manager's `status.devices` entries to claim `namespace/name`, as an
+    /// other driver would (no authorization).
+    pub fn put_device_status(&self, namespace: &str, name: &str, manager: &str, entry: serde_json::Value) {
+        self.shared.mutate(|s| {
+            let id = (namespace.to_owned(), name.to_owned());
+            let key = ["driver", "pool", "device", "shareID"]
+                .map(|k| entry[k].as_str().unwrap_or_default().to_owned())
+                .join("/");
+            if let Some(claim) = s.claims.get_mut(&id) {
+                let devices =
+                    claim["status"].as_object_mut().map(|st| st.entry("devices").or_insert(serde_json::json!([])));
+                if let Some(serde_json::Value::Array(list)) = devices {
+                    list.push(entry);
+                }
+            }
+            s.status_owners.entry(id).or_default().insert(key, manager.to_owned());
+        });
+    }
+
     pub fn set_node_authorizer(&self, enabled: bool) {
         self.shared.mutate(|s| s.node_authorizer = enabled);
     }

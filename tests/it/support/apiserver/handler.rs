@@ -79,6 +79,7 @@ pub(crate) enum Route {
     Slices(ApiVersion),
     Slice(ApiVersion, String),
     Claim(ApiVersion, String, String),
+    ClaimStatus(ApiVersion, String, String),
     AccessReview,
     SelfReview,
     Unknown,
@@ -104,6 +105,9 @@ impl Route {
                 (Some(v), ["resourceslices", name]) => Self::Slice(v, (*name).to_owned()),
                 (Some(v), ["namespaces", ns, "resourceclaims", name]) => {
                     Self::Claim(v, (*ns).to_owned(), (*name).to_owned())
+                }
+                (Some(v), ["namespaces", ns, "resourceclaims", name, "status"]) => {
+                    Self::ClaimStatus(v, (*ns).to_owned(), (*name).to_owned())
                 }
                 _ => Self::Unknown,
             },
@@ -263,6 +267,7 @@ async fn serve(
         (Route::Slice(v, name), "delete") => slices::delete(call, *v, name),
         (Route::Slice(v, name), "patch") => slices::patch(call, *v, name),
         (Route::Claim(v, ns, name), "get") => claim_get(call, *v, ns, name),
+        (Route::ClaimStatus(v, ns, name), "patch") => super::claim_status::apply(call, *v, ns, name),
         (Route::Node(name), "get") => node_get(call, name),
         (Route::AccessReview, "create") => reviews::access_review(call),
         (Route::SelfReview, "create") => reviews::self_review(call),
@@ -308,7 +313,7 @@ fn node_get(call: &Call<'_>, name: &str) -> Result<Reply, ApiError> {
 fn deprecation_warning(route: &Route, git_version: &str) -> Option<String> {
     let (version, kind) = match route {
         Route::Slices(v) | Route::Slice(v, _) => (*v, "ResourceSlice"),
-        Route::Claim(v, _, _) => (*v, "ResourceClaim"),
+        Route::Claim(v, _, _) | Route::ClaimStatus(v, _, _) => (*v, "ResourceClaim"),
         _ => return None,
     };
     let (deprecated, removed) = match version {

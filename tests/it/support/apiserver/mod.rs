@@ -27,11 +27,14 @@
 //! - fault injection, connection control, a request log, gauges and
 //!   [`TestApiServer::wait_for`].
 //!
-//! It does NOT emulate: JSON patch and server-side apply (`415`; merge and strategic merge
+//! Claim status (`PATCH .../resourceclaims/<name>/status`) is served as server-side apply
+//! of `status.devices` only, with per-manager ownership of its entries ([`claim_status`]).
+//!
+//! It does NOT emulate: JSON patch and server-side apply of other objects (`415`; merge and strategic merge
 //! patches of slices are applied as RFC 7386 merge patches), managedFields, `dryRun`,
 //! `limit`/`continue` pagination (lists are always complete), label selectors, list
 //! `resourceVersion`/`resourceVersionMatch` semantics (lists always read the latest state),
-//! DeleteCollection, finalizers and graceful deletion, the `/status` subresources, list or
+//! DeleteCollection, finalizers and graceful deletion, `/status` subresources but claims', list or
 //! watch of claims and nodes, writes of claims, nodes and pods by clients, pod get, DeviceClasses and other
 //! kinds, protobuf and CBOR encodings, aggregated discovery (`apidiscovery.k8s.io/v2`),
 //! OpenAPI, RBAC objects, service-account tokens and their node-name extra, admission
@@ -48,6 +51,7 @@
 //! I/O.
 
 mod authz;
+mod claim_status;
 mod claims;
 mod control;
 mod convert;

@@ -128,6 +128,15 @@ pub struct State {
     /// on); when false they are dropped.
     pub(crate) consumable_capacity: bool,
     pub(crate) partitionable_devices: bool,
+    /// `status.devices` of claims is stored (`DRAResourceClaimDeviceStatus` on); when
+    /// false it is dropped.
+    pub(crate) device_status: bool,
+    /// Node identities may apply claim status for every driver, as the opt-in RBAC for
+    /// node identities grants (patch on `resourceclaims/status`, `arbitrary-node:patch` on
+    /// `resourceclaims/driver`).
+    pub(crate) claim_status_rbac: bool,
+    /// Which field manager owns which `status.devices` entry, by (namespace, name).
+    pub(crate) status_owners: HashMap<(String, String), BTreeMap<String, String>>,
 }
 
 impl State {
@@ -139,6 +148,9 @@ impl State {
             nodes: BTreeMap::new(),
             pods: BTreeMap::new(),
             claim_nodes: HashMap::new(),
+            device_status: true,
+            claim_status_rbac: false,
+            status_owners: HashMap::new(),
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
             compacted: 1,
@@ -249,7 +261,7 @@ impl State {
         self.compacted = self.rv;
     }
 
-    fn next_rv(&mut self) -> u64 {
+    pub(crate) fn next_rv(&mut self) -> u64 {
         self.rv += 1;
         self.rv
     }
