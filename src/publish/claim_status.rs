@@ -46,8 +46,10 @@ pub struct ClaimStatusSettings {
     pub mps_pipe_dir: &'static str,
 }
 
-/// One claim's entries as last written: (namespace, name, entries).
-type Written = BTreeMap<String, (String, String, Vec<Value>)>;
+/// One claim's entries: (namespace, name, entries).
+type Target = (String, String, Vec<Value>);
+/// The entries last written, by claim UID.
+type Written = BTreeMap<String, Target>;
 
 /// What to do when the server refuses the writes for want of permission.
 const PERMISSION: &str = "edra may not write ResourceClaim status: grant patch on resourceclaims/status, and \
@@ -242,7 +244,7 @@ pub async fn keep_claim_status(
         changed.borrow_and_update();
         let (s, st) = (settings.clone(), store.clone());
         let Ok(want) = tokio::task::spawn_blocking(move || desired(&s, &st, &inv, &snapshot)).await else { return };
-        let mut targets: Vec<(String, (String, String, Vec<Value>))> = Vec::new();
+        let mut targets: Vec<(String, Target)> = Vec::new();
         for (uid, target) in &want {
             if written.get(uid) != Some(target) || pending.contains(uid) {
                 targets.push((uid.clone(), target.clone()));
