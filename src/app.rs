@@ -265,8 +265,12 @@ pub async fn run_signalling(
         claims_changed,
         shutdown.clone(),
     ));
-    let rediscovering =
-        tokio::spawn(rediscover(backend, inventory_tx, (config.rediscovery_interval, owned_mig), shutdown.clone()));
+    let rediscovering = tokio::spawn(rediscover(
+        backend,
+        inventory_tx,
+        (config.rediscovery_interval, owned_mig.clone()),
+        shutdown.clone(),
+    ));
     let serving_metrics = metrics_listener.map(|listener| {
         let api_client = client.clone();
         let sources = StateSources {
@@ -280,6 +284,7 @@ pub async fn run_signalling(
         metrics.register_gpu_changes(gpu_changes);
         metrics.register_mps(mps_stats);
         metrics.register_health(inventory_rx.clone(), health_snapshot.clone());
+        metrics.register_gpu_use(inventory_rx.clone(), store.clone(), owned_mig.clone());
         listener.serve(Endpoints { metrics, readiness }, shutdown.clone())
     });
     let notifier = systemd_notifier();

@@ -8,7 +8,9 @@
 //!   the kubelet registration state, and the API client's request counts. Nothing is
 //!   copied between scrapes, so these can never drift from what the agent reports.
 //!
-//! Every name starts with `edra_`; docs/metrics.md lists them all.
+//! GPU use (shares, memory, MIG instances) and the state store's health are read at
+//! scrape time too ([`super::gpu_use`]). Every name starts with `edra_`; docs/metrics.md
+//! lists them all.
 
 use std::sync::Arc;
 
@@ -25,6 +27,7 @@ use tokio::sync::watch;
 use crate::kube::RequestStats;
 use crate::plugin::{CallObserver, CallOutcome, CallReport, DraMethod, RegistrationState, SUPPORTED_VERSIONS};
 use crate::publish::reconcile::PublishStatus;
+use crate::telemetry::gpu_use::{GpuUseCollector, StoreCollector};
 
 /// Latency buckets in seconds, from 0.1 ms (a prepare answered from state) up to the
 /// kubelet's 45 s call timeout.
@@ -381,6 +384,20 @@ impl Metrics {
         health: watch::Receiver<Arc<crate::health::HealthSnapshot>>,
     ) {
         self.registry.register_collector(Box::new(HealthCollector { inventory, health }));
+    }
+
+    /// Adds `edra_gpu_shares`, `edra_gpu_memory_shared_bytes`, `edra_gpu_memory_bytes` and
+    /// `edra_mig_instances`, read from the inventory, the state store's share lists and
+    /// the MIG instances edra recorded.
+    pub fn register_gpu_use(
+        &mut self,
+        inventory: watch::Receiver<Arc<crate::inventory::Inventory>>,
+        store: crate::state::Store,
+        owned_mig: watch::Receiver<Arc<crate::mig::OwnedInstances>>,
+    ) {
+        let health = store.health();
+        self.registry.register_collector(Box::new(GpuUseCollector { inventory, store, owned_mig }));
+        self.registry.register_collector(Box::new(StoreCollector(health)));
     }
 
     /// Every metric in the OpenMetrics text format ([`OPENMETRICS_CONTENT_TYPE`]).

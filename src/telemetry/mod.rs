@@ -10,6 +10,7 @@
 //! and `/readyz` on `metrics.address`; [`sdnotify`] speaks systemd's notification protocol
 //! (ready, stopping, watchdog).
 
+mod gpu_use;
 pub mod http;
 pub mod metrics;
 pub mod sdnotify;

@@ -16,6 +16,7 @@ mod layers;
 mod manifests;
 mod metrics;
 mod mig_nvml;
+mod monitoring;
 mod packaging;
 mod plugin_grpc;
 mod runtime;

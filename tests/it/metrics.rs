@@ -40,13 +40,13 @@ fn config(dir: &Path, kubeconfig: &Path, metrics: SocketAddr) -> Config {
 }
 
 /// A loopback port that was free a moment ago (the agent binds it right after).
-fn free_port() -> SocketAddr {
+pub(crate) fn free_port() -> SocketAddr {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a probe");
     probe.local_addr().expect("probe address")
 }
 
 /// `GET path`: status and body, or `None` while nothing answers.
-async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+pub(crate) async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let stream = TcpStream::connect(addr).await.ok()?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
     tokio::spawn(conn);
@@ -72,7 +72,7 @@ async fn wait_for_status(addr: SocketAddr, path: &str, status: u16) -> String {
     }
 }
 
-fn samples(text: &str) -> BTreeMap<String, f64> {
+pub(crate) fn samples(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .filter_map(|l| {

@@ -1,8 +1,9 @@
 //! A full disk under the state directory, on a real (small) tmpfs: the kubelet is only
 //! told what the disk says. Prepares fail while the disk is full, the retry of a claim
-//! whose record reached memory but not the disk is not answered from memory, `/healthz`
-//! and `/readyz` say why, and once space is freed edra re-opens its state by itself and
-//! serves again; a claim prepared before the disk filled survives it all and a restart.
+//! whose record reached memory but not the disk is not answered from memory, `/healthz`,
+//! `/readyz` and the metrics say why, and once space is freed edra re-opens its state by
+//! itself and serves again; a claim prepared before the disk filled survives it all and a
+//! restart.
 //! Mounting needs root: without it the test says so and skips (CI runs as root).
 
 use std::io::{Read, Write};
@@ -115,6 +116,8 @@ async fn a_full_state_disk_never_lies_to_the_kubelet() {
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("state store unusable") && body.contains("No space left on device"), "{body}");
     assert_eq!(get(port, "/readyz").0, 503);
+    let (code, body) = get(port, "/metrics");
+    assert!(code == 200 && body.contains("\nedra_state_store_usable 0\n"), "{code}: {body}");
 
     // Space is freed: edra re-opens its state by itself (backoff from 1 s).
     std::fs::remove_file(&filler).expect("free the space");
@@ -127,6 +130,7 @@ async fn a_full_state_disk_never_lies_to_the_kubelet() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert!(get(port, "/metrics").1.contains("\nedra_state_store_usable 1\n"));
     assert_eq!(prepare_ok(&mut v1, &kept).await, kept_ids, "the claim prepared before the disk filled is kept");
     prepare_ok(&mut v1, &victim).await;
     unprepare_ok(&mut v1, &victim).await;
