@@ -54,7 +54,7 @@ if [ -n "$unit" ]; then
 fi
 has_file /etc/edra/config.toml || fail "/etc/edra/config.toml is missing"
 has_file /etc/default/edra || fail "/etc/default/edra is missing"
-for m in deviceclasses.yaml deviceclasses-v1beta1.yaml daemonset.yaml rbac.yaml admission-policy.yaml; do
+for m in deviceclasses.yaml deviceclasses-v1beta1.yaml daemonset.yaml rbac.yaml rbac-claim-status-nodes.yaml admission-policy.yaml; do
 	has_file "/usr/share/edra/manifests/$m" || fail "manifest $m is missing"
 done
 [ "$(grep -c '^/usr/share/edra/manifests/examples/.*\.yaml$' "$work/files")" -ge 5 ] ||

@@ -43,7 +43,7 @@ has_file /usr/lib/tmpfiles.d/edra.conf || fail "/usr/lib/tmpfiles.d/edra.conf is
 for c in /etc/edra/config.toml /etc/sysconfig/edra; do
 	line_for "$c" | grep -q '^cn ' || fail "$c is not %config(noreplace)"
 done
-for m in deviceclasses.yaml deviceclasses-v1beta1.yaml daemonset.yaml rbac.yaml admission-policy.yaml; do
+for m in deviceclasses.yaml deviceclasses-v1beta1.yaml daemonset.yaml rbac.yaml rbac-claim-status-nodes.yaml admission-policy.yaml; do
 	has_file "/usr/share/edra/manifests/$m" || fail "manifest $m is missing"
 done
 [ "$(grep -c ' /usr/share/edra/manifests/examples/.*\.yaml$' "$work/files")" -ge 5 ] ||

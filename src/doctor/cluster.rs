@@ -390,17 +390,26 @@ pub async fn published_offers(cfg: &Config, client: &Client) -> (CheckResult, Ch
 /// Checks 6 to 9.
 pub async fn checks(cfg: &Config) -> Vec<CheckResult> {
     let (api, client) = api_server(cfg).await;
-    let (perms, (sharing, mig)) = match &client {
-        Some(c) => (api_permissions(cfg, c).await, published_offers(cfg, c).await),
+    let unreachable = "the API server could not be reached (see api-server)";
+    let (perms, status, (sharing, mig)) = match &client {
+        Some(c) => (api_permissions(cfg, c).await, claim_status(cfg, c).await, published_offers(cfg, c).await),
         None => (
-            CheckResult::skip(PERMS, "the API server could not be reached (see api-server)"),
-            (
-                CheckResult::skip(SHARES, "the API server could not be reached (see api-server)"),
-                CheckResult::skip(MIG, "the API server could not be reached (see api-server)"),
-            ),
+            CheckResult::skip(PERMS, unreachable),
+            CheckResult::skip(super::claim_status::NAME, unreachable),
+            (CheckResult::skip(SHARES, unreachable), CheckResult::skip(MIG, unreachable)),
         ),
     };
-    vec![api, perms, sharing, mig]
+    vec![api, perms, status, sharing, mig]
+}
+
+/// Whether edra may write its entries in claim status.
+async fn claim_status(cfg: &Config, client: &Client) -> CheckResult {
+    let who = bounded("POST selfsubjectreviews", client.self_subject_review()).await.ok();
+    let checks = super::claim_status::needed(&cfg.driver_name);
+    let answers =
+        join_all(checks.iter().map(|c| bounded("POST selfsubjectaccessreviews", client.self_subject_access_review(c))))
+            .await;
+    super::claim_status::evaluate(who.as_ref(), &answers)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! Exit code ([`Report::exit_code`]): 0 when no check failed (warnings and skips allowed),
 //! 1 when at least one failed. Configuration errors exit 64 before any check runs.
 
+pub mod claim_status;
 pub mod cluster;
 pub mod gpu_health;
 pub mod host;

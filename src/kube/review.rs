@@ -30,6 +30,8 @@ pub struct AccessCheck {
     pub name: Option<String>,
     /// Field selector the request would carry, e.g. `spec.nodeName=n1` (list and watch).
     pub field_selector: Option<String>,
+    /// Subresource, e.g. `status`.
+    pub subresource: Option<String>,
 }
 
 impl AccessCheck {
@@ -44,6 +46,12 @@ impl AccessCheck {
         self
     }
 
+    /// The same check on subresource `sub` (`resourceclaims/status`).
+    pub fn subresource(mut self, sub: &str) -> Self {
+        self.subresource = Some(sub.into());
+        self
+    }
+
     /// The same check for a request with this field selector.
     pub fn with_field_selector(mut self, selector: &str) -> Self {
         self.field_selector = Some(selector.into());
@@ -53,6 +61,10 @@ impl AccessCheck {
     /// `verb resource[.group][/name]` for messages.
     pub fn describe(&self) -> String {
         let mut out = format!("{} {}", self.verb, self.resource);
+        if let Some(sub) = &self.subresource {
+            out.push('/');
+            out.push_str(sub);
+        }
         if !self.group.is_empty() {
             out.push('.');
             out.push_str(&self.group);
@@ -75,6 +87,7 @@ impl AccessCheck {
                     verb: Some(self.verb.clone()),
                     group: Some(self.group.clone()),
                     resource: Some(self.resource.clone()),
+                    subresource: self.subresource.clone(),
                     namespace: self.namespace.clone(),
                     name: self.name.clone(),
                     field_selector: self

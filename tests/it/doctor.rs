@@ -151,7 +151,11 @@ async fn a_forbidden_verb_fails_with_the_fix_and_exit_code_one() {
     // The doctor asked, as the node, and changed nothing.
     let reviews: Vec<_> =
         server.requests().into_iter().filter(|q| q.path.ends_with("selfsubjectaccessreviews")).collect();
-    assert_eq!(reviews.len(), 10, "one review per action (with list and watch of pods for claims.prefetch)");
+    assert_eq!(
+        reviews.len(),
+        13,
+        "one review per action (with list and watch of pods for claims.prefetch, and three for claim status)"
+    );
     assert!(reviews.iter().all(|q| q.user.as_deref() == Some("system:node:n1") && q.status == 201));
     assert_eq!(server.writes_since(0), 0);
 }
@@ -262,6 +266,30 @@ async fn without_a_cluster_it_fails_fast_and_still_checks_the_node() {
     assert!(table.starts_with("STATUS") && table.contains("FIX") && table.contains("api-server"), "{table}");
     let out = node.doctor(&node.config(&kubeconfig), &["--set", "backend=bogus"]).await;
     assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test]
+async fn claim_status_writes_are_a_warning_until_the_opt_in_rbac_grants_them() {
+    let server = node_server(Options::default()).await;
+    let node = Node::new();
+    let kubeconfig = server.write_kubeconfig(node.dir.path(), &Identity::node("n1")).expect("kubeconfig");
+    let out = node.doctor(&node.config(&kubeconfig), &["-o", "json"]).await;
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(0), "a warning only: {r:#}");
+    let status = check(&r, "claim-status");
+    assert_eq!(status["status"], "warn", "{status}");
+    assert!(text(status, "detail").contains("lacks patch on resourceclaims/status"), "{status}");
+    assert!(text(status, "fix").contains("rbac-claim-status-nodes.yaml"), "{status}");
+
+    server.grant_claim_status();
+    let r = report(&node.doctor(&node.config(&kubeconfig), &["-o", "json"]).await);
+    let status = check(&r, "claim-status");
+    assert_eq!(status["status"], "pass", "{status}");
+    assert!(text(status, "detail").contains("arbitrary-node:patch resourceclaims/driver"), "{status}");
+    // A grant without the driver permission is named as such.
+    server.forbid("system:node:n1", "arbitrary-node:patch", "resourceclaims/driver");
+    let r = report(&node.doctor(&node.config(&kubeconfig), &["-o", "json"]).await);
+    assert!(text(check(&r, "claim-status"), "detail").contains("lacks the driver permission"), "{r:#}");
 }
 
 #[tokio::test]

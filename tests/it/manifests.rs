@@ -162,7 +162,8 @@ fn every_document_is_a_known_kind_without_unknown_fields() {
     assert_eq!(have("resource.k8s.io/v1", "DeviceClass"), 2);
     assert_eq!(have("resource.k8s.io/v1beta1", "DeviceClass"), 2);
     assert_eq!(have("apps/v1", "DaemonSet"), 1);
-    assert_eq!(have("rbac.authorization.k8s.io/v1", "ClusterRole"), 1);
+    // The DaemonSet's (rbac.yaml) and the opt-in claim status grant for node identities.
+    assert_eq!(have("rbac.authorization.k8s.io/v1", "ClusterRole"), 2);
     assert_eq!(have("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"), 1);
     assert!(have("v1", "Pod") >= 5, "examples: {seen:?}");
     assert!(

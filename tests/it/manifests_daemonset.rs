@@ -138,10 +138,15 @@ fn daemonset_environment_is_a_valid_config_whose_paths_are_mounted() {
 fn rbac_grants_only_what_edra_uses() {
     let docs = docs();
     let roles = of_kind(&docs, "rbac.authorization.k8s.io/v1", "ClusterRole");
+    let roles: Vec<_> = roles.into_iter().filter(|r| r.name() == "edra").collect();
     assert_eq!(roles.len(), 1);
     let role = roles[0];
     let known: &[(&str, &str, &[&str])] = &[
         ("resource.k8s.io", "resourceclaims", &["get"]),
+        // Claim status: edra's entries by server-side apply; the driver permission only for
+        // claims on the pod's own node (associated-node), only for edra's driver.
+        ("resource.k8s.io", "resourceclaims/status", &["patch"]),
+        ("resource.k8s.io", "resourceclaims/driver", &["associated-node:patch"]),
         ("resource.k8s.io", "resourceslices", &["get", "list", "watch", "create", "update", "delete"]),
         ("", "nodes", &["get"]),
         // claims.prefetch: the watch of the node's own pods.
@@ -150,7 +155,12 @@ fn rbac_grants_only_what_edra_uses() {
     ];
     let mut granted = BTreeSet::new();
     for rule in list(&role.value["rules"]) {
-        assert!(rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none(), "{}", role.at);
+        let driver_only = list(&rule["resources"]).iter().all(|r| *r == "resourceclaims/driver");
+        match rule.get("resourceNames") {
+            Some(names) => assert!(driver_only && *names == serde_json::json!(["gpu.edra.dev"]), "{}", role.at),
+            None => assert!(!driver_only, "{}: the driver permission must name edra's driver", role.at),
+        }
+        assert!(rule.get("nonResourceURLs").is_none(), "{}", role.at);
         for g in list(&rule["apiGroups"]) {
             for r in list(&rule["resources"]) {
                 for v in list(&rule["verbs"]) {
@@ -169,6 +179,7 @@ fn rbac_grants_only_what_edra_uses() {
     assert_eq!(granted, needed, "{}: edra needs each of these", role.at);
 
     let binding = of_kind(&docs, "rbac.authorization.k8s.io/v1", "ClusterRoleBinding");
+    let binding: Vec<_> = binding.into_iter().filter(|b| b.name() == "edra").collect();
     assert_eq!(binding.len(), 1);
     let b = &binding[0].value;
     assert_eq!(b["roleRef"]["kind"], "ClusterRole");

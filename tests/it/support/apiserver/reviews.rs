@@ -51,11 +51,16 @@ pub(crate) fn access_review(call: &Call<'_>) -> Result<Reply, ApiError> {
     let verb = text("verb").unwrap_or_default();
     let group = text("group").unwrap_or_default();
     let plural = text("resource").unwrap_or_default();
+    let subresource = text("subresource");
     let namespace = text("namespace");
     let name = text("name");
     let raw_selector = ra.pointer("/fieldSelector/rawSelector").and_then(Value::as_str);
     let decision = {
         let state = call.shared.lock();
+        if let Some(sub) = subresource {
+            let decision = claim_subresource(call, &state, verb, plural, sub);
+            return Ok(review_reply(spec.clone(), decision));
+        }
         match (resource(group, plural), VERBS.iter().find(|v| **v == verb)) {
             (Some(res), Some(verb)) => {
                 let selector = if res == SLICES {
@@ -94,11 +99,15 @@ pub(crate) fn access_review(call: &Call<'_>) -> Result<Reply, ApiError> {
             _ => other_resource(call, verb, plural, &state.forbid, state.node_authorizer),
         }
     };
+    Ok(review_reply(spec, decision))
+}
+
+fn review_reply(spec: Value, decision: Result<(), String>) -> Reply {
     let status = match decision {
         Ok(()) => json!({"allowed": true}),
         Err(reason) => json!({"allowed": false, "reason": reason}),
     };
-    Ok(Reply::Json(
+    Reply::Json(
         StatusCode::CREATED,
         json!({
             "apiVersion": "authorization.k8s.io/v1",
@@ -107,7 +116,33 @@ pub(crate) fn access_review(call: &Call<'_>) -> Result<Reply, ApiError> {
             "spec": spec,
             "status": status,
         }),
-    ))
+    )
+}
+
+/// `resourceclaims/status` and `resourceclaims/driver`: forbid rules (on
+/// `resourceclaims/<sub>`), then, for node identities under the node authorizer, only what
+/// the opt-in RBAC for claim status grants (patch, `arbitrary-node:patch`).
+fn claim_subresource(
+    call: &Call<'_>,
+    state: &super::store::State,
+    verb: &str,
+    plural: &str,
+    sub: &str,
+) -> Result<(), String> {
+    let full = format!("{plural}/{sub}");
+    let granted = state.claim_status_rbac
+        && matches!(
+            (full.as_str(), verb),
+            ("resourceclaims/status", "patch") | ("resourceclaims/driver", "arbitrary-node:patch")
+        );
+    if granted {
+        let user = &call.user.user;
+        if state.forbid.iter().any(|r| &r.user == user && r.verb == verb && r.resource == full) {
+            return Err(format!("User \"{user}\" cannot {verb} resource \"{full}\""));
+        }
+        return Ok(());
+    }
+    other_resource(call, verb, &full, &state.forbid, state.node_authorizer)
 }
 
 /// Kinds the server does not serve: forbid rules apply; the node authorizer grants nothing.
