@@ -4,13 +4,17 @@
 //! The binary (`src/main.rs`) is thin; everything lives in this library so integration
 //! tests and benchmarks can drive the same code in-process:
 //!
+//! - [`cli`]: the command line: subcommands, flags and how flags become configuration.
 //! - [`config`]: the TOML file, `EDRA_*` environment and flags, validated all at once.
 //! - [`kube`]: the Kubernetes API client on hyper + rustls (kubeconfig, in-cluster, watch).
 //! - [`inventory`]: the device model and its backends (NVML, mock).
 //! - [`publish`]: desired ResourceSlices (pure) and the loop that keeps them published.
 //! - [`plugin`]: the kubelet's gRPC APIs on Unix sockets (registration, DRAPlugin).
 //! - [`prepare`]: claim preparation: opaque configs, CDI specs, driver files.
-//! - [`gpu`]: actuators with side effects on a GPU (compute mode, time-slice).
+//! - [`gpu`]: actuators with side effects on a GPU (compute mode, time-slice, MPS daemons,
+//!   MIG instances).
+//! - [`sharing`]: how full GPUs are offered: whole, as memory shares, or as replicas.
+//! - [`mig`]: dynamic MIG: which GPUs are carved on demand and what they publish.
 //! - [`health`]: GPU health from NVML events and probes: conditions that become taints.
 //! - [`device_config`]: the opaque `GpuConfig` model, shared by prepare and state.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
@@ -25,6 +29,7 @@
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
 //! - [`failpoint`]: crash points of prepare and unprepare for crash-consistency tests.
 //! - [`util`]: the version and error rendering every layer shares; imports nothing of edra.
+//! - `fuzzing`: the library functions the fuzz targets and property tests drive (hidden).
 
 pub mod app;
 pub mod cli;
