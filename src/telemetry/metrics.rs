@@ -9,7 +9,7 @@
 //!   copied between scrapes, so these can never drift from what the agent reports.
 //!
 //! GPU use (shares, memory, MIG instances) and the state store's health are read at
-//! scrape time too ([`super::gpu_use`]). Every name starts with `edra_`; docs/metrics.md
+//! scrape time too (`gpu_use`). Every name starts with `edra_`; docs/metrics.md
 //! lists them all.
 
 use std::sync::Arc;
