@@ -11,31 +11,27 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::health::view::Rules;
-use crate::health::{DeviceState, HealthMonitor, HealthSettings, HealthSnapshot};
+use crate::health::{HealthMonitor, HealthSettings};
 use crate::inventory::{self, DeviceBackend, Inventory};
-use crate::kube::backoff::Backoff;
 use crate::kube::{self, Client, Cluster};
-use crate::plugin::{DeviceHealth, Health, HealthList, PluginOptions, PluginServer, RegistrationState};
+use crate::plugin::{HealthList, PluginOptions, PluginServer};
 use crate::prepare::prefetch::Prefetcher;
 use crate::prepare::{ClaimSource, PrepareSettings, Preparer};
-use crate::publish::desired::NodeIdentity;
-use crate::publish::reconcile::{PublishStatus, Publisher};
+use crate::publish::reconcile::PublishStatus;
 use crate::state::Store;
 use crate::telemetry::http::{Endpoints, MetricsPort, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
-use crate::util::{error_chain, stopped, until_stopped};
+use crate::util::{error_chain, stopped};
 
-/// Retry delays while the API server cannot be reached at start (see [`Backoff`]).
-const CONNECT_RETRY_BASE: Duration = Duration::from_secs(1);
-const CONNECT_RETRY_MAX: Duration = Duration::from_secs(45);
+mod tasks;
+use tasks::*;
 
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]
@@ -374,289 +370,6 @@ fn systemd_notifier() -> Option<Arc<Notifier>> {
         Err(e) => {
             warn!(error = %e, "cannot talk to systemd's notify socket; readiness is not reported to systemd");
             None
-        }
-    }
-}
-
-/// Pings systemd's watchdog (when it asks for that) until shutdown.
-async fn ping_watchdog(notifier: Arc<Notifier>, mut shutdown: watch::Receiver<bool>) {
-    notifier.run_watchdog(async move { stopped(&mut shutdown).await }).await
-}
-
-/// Re-opens the state store whenever it is poisoned (a change could not be made durable),
-/// retrying with backoff until the disk takes writes again; recovery then runs on what the
-/// disk says. Until then every kubelet call fails with the reason.
-async fn heal_state(preparer: Preparer, mut shutdown: watch::Receiver<bool>) {
-    let mut health = preparer.store().health();
-    let mut backoff = kube::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-    loop {
-        match until_stopped(health.wait_for(Option::is_some), &mut shutdown).await {
-            Some(Ok(_)) => {}
-            Some(Err(_)) | None => return,
-        }
-        if until_stopped(tokio::time::sleep(backoff.next_delay()), &mut shutdown).await.is_none() {
-            return;
-        }
-        let healing = preparer.clone();
-        match tokio::task::spawn_blocking(move || healing.heal()).await {
-            Ok(Ok(report)) => {
-                backoff.reset();
-                info!(rolled_back = report.rolled_back.len(), "state store re-opened; serving claims again");
-            }
-            Ok(Err(e)) => warn!(error = %error_chain(&e), "the state store cannot be re-opened yet; retrying"),
-            Err(e) => warn!(error = %e, "re-opening the state store failed; retrying"),
-        }
-    }
-}
-
-/// Checks every `interval` that prepared claims' MPS control daemons run, and starts
-/// dead ones again (see [`Preparer::check_mps_daemons`]). Daemons outlive edra: nothing
-/// here stops them at shutdown.
-async fn supervise_mps(preparer: Preparer, interval: Duration, mut shutdown: watch::Receiver<bool>) {
-    loop {
-        if until_stopped(tokio::time::sleep(interval), &mut shutdown).await.is_none() {
-            return;
-        }
-        let checking = preparer.clone();
-        match tokio::task::spawn_blocking(move || checking.check_mps_daemons()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => warn!(error = %error_chain(&e), "cannot check the MPS control daemons; retrying"),
-            Err(e) => warn!(error = %e, "checking the MPS control daemons failed; retrying"),
-        }
-    }
-}
-
-async fn discover(backend: &Arc<dyn DeviceBackend>) -> Result<Inventory, inventory::InventoryError> {
-    let b = backend.clone();
-    match tokio::task::spawn_blocking(move || b.discover()).await {
-        Ok(r) => r,
-        Err(e) => Err(inventory::InventoryError::Mock(format!("device discovery panicked: {e}"))),
-    }
-}
-
-/// Keeps the kubelet's device health list (every device, its state and why) up to date
-/// with the inventory and the GPUs' health.
-/// How long the kubelet may go without a health report before it calls a device's health
-/// unknown: three times the longer of the stream's resend period and the probe interval,
-/// so one late probe or one lost list does not flip it.
-fn health_check_timeout(probe_interval: Duration) -> Duration {
-    crate::plugin::RESEND_EVERY.max(probe_interval).saturating_mul(3)
-}
-
-fn started_at() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
-
-async fn list_device_health(
-    (pool, timeout): (String, Duration),
-    mut inventory: watch::Receiver<Arc<Inventory>>,
-    mut health: watch::Receiver<Arc<HealthSnapshot>>,
-    list: watch::Sender<HealthList>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let inv = inventory.borrow_and_update().clone();
-        let snapshot = health.borrow_and_update().clone();
-        let now = std::time::SystemTime::now();
-        let devices: Vec<DeviceHealth> = inv
-            .devices
-            .iter()
-            .map(|d| {
-                let (state, message) = snapshot.device_state(d);
-                DeviceHealth {
-                    pool_name: pool.clone(),
-                    device_name: d.name.clone(),
-                    health: match state {
-                        DeviceState::Healthy => Health::Healthy,
-                        DeviceState::Unhealthy => Health::Unhealthy,
-                        DeviceState::Unknown => Health::Unknown,
-                    },
-                    last_updated: now,
-                    timeout: Some(timeout),
-                    message,
-                }
-            })
-            .collect();
-        // Only real changes go to the kubelet (an ignored XID changes the counts, not this).
-        list.send_if_modified(|current| {
-            let same = |a: &DeviceHealth, b: &DeviceHealth| {
-                (&a.pool_name, &a.device_name, a.health, &a.message)
-                    == (&b.pool_name, &b.device_name, b.health, &b.message)
-            };
-            let unchanged = current.len() == devices.len() && current.iter().zip(&devices).all(|(a, b)| same(a, b));
-            if !unchanged {
-                *current = Arc::new(devices);
-            }
-            !unchanged
-        });
-        tokio::select! {
-            r = inventory.changed() => if r.is_err() { return },
-            r = health.changed() => if r.is_err() { return },
-            () = stopped(&mut shutdown) => return,
-        }
-    }
-}
-
-/// Rediscovers devices periodically and passes changes on.
-/// Rediscovers devices every `every`, and at once when the MIG instances edra holds
-/// change (`mig`: one was created or destroyed), so the published view of a dynamic-MIG
-/// GPU follows its instances without waiting for the interval.
-async fn rediscover(
-    backend: Arc<dyn DeviceBackend>,
-    tx: watch::Sender<Arc<Inventory>>,
-    (every, mut mig): (Duration, watch::Receiver<Arc<crate::mig::OwnedInstances>>),
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval_at(kube::backoff::deadline_in(every), every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut mig_open = true;
-    loop {
-        tokio::select! {
-            () = stopped(&mut shutdown) => return,
-            _ = tick.tick() => {}
-            changed = mig.changed(), if mig_open => {
-                if changed.is_err() {
-                    mig_open = false;
-                    continue;
-                }
-            }
-        }
-        match discover(&backend).await {
-            Ok(inv) => {
-                tx.send_if_modified(|cur| {
-                    if **cur == inv {
-                        false
-                    } else {
-                        info!(devices = inv.devices.len(), "devices changed");
-                        *cur = Arc::new(inv);
-                        true
-                    }
-                });
-            }
-            Err(e) => warn!(error = %error_chain(&e), "rediscovering devices failed; keeping the last inventory"),
-        }
-    }
-}
-
-/// Reaches the API server (retrying while it is unreachable), then keeps the pool published.
-/// How the GPUs are offered, with what the preparer holds of them: the publisher keeps a
-/// GPU with shares prepared as it is, and tells edra's MIG instances from foreign ones.
-struct Offers {
-    sharing: crate::sharing::SharingSettings,
-    held_shares: watch::Receiver<Arc<std::collections::BTreeSet<String>>>,
-    mig: crate::mig::MigSettings,
-    owned_mig: watch::Receiver<Arc<crate::mig::OwnedInstances>>,
-}
-
-async fn publish(
-    cluster: Arc<Cluster>,
-    driver: String,
-    node: String,
-    Offers { sharing, held_shares, mig, owned_mig }: Offers,
-    (inventory, health): (watch::Receiver<Arc<Inventory>>, watch::Receiver<Arc<HealthSnapshot>>),
-    status: watch::Sender<PublishStatus>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut backoff = Backoff::new(CONNECT_RETRY_BASE, CONNECT_RETRY_MAX);
-    let (api, uid) = loop {
-        let attempt = async {
-            let api = cluster.api().await?;
-            let node_obj = cluster.client().get_node(&node).await?;
-            Ok::<_, kube::Error>((api, node_obj.metadata.uid))
-        };
-        let Some(outcome) = until_stopped(attempt, &mut shutdown).await else { return };
-        match outcome {
-            Ok(found) => break found,
-            Err(e) => {
-                let msg = error_chain(&e);
-                if e.is_not_found() {
-                    error!(error = %msg, node = %node, "Node {node} does not exist; set node_name to this node's name as `kubectl get nodes` shows it");
-                } else if e.is_forbidden() {
-                    error!(
-                        error = %msg,
-                        node = %node,
-                        identity = cluster.client().identity(),
-                        "the API server refused to let edra read Node {node}; with node credentials node_name must be \
-                         the node they belong to (system:node:<name>), otherwise grant the RBAC in config/rbac.yaml"
-                    );
-                } else {
-                    warn!(error = %msg, "cannot reach the API server yet; the kubelet is served meanwhile, retrying");
-                }
-                status.send_modify(|s| s.last_error = Some(msg));
-                if until_stopped(tokio::time::sleep(backoff.next_delay()), &mut shutdown).await.is_none() {
-                    return;
-                }
-            }
-        }
-    };
-    info!(api = api.version(), node = %node, "publishing ResourceSlices");
-    let identity = NodeIdentity { name: node, uid };
-    // The `None` taint effect needs Kubernetes 1.35; `/version` says which this is.
-    let version = match until_stopped(cluster.client().server_version(), &mut shutdown).await {
-        None => return,
-        Some(v) => v.ok(),
-    };
-    let none_effect = crate::publish::reconcile::accepts_none_effect(api, version.as_deref());
-    let partitions = crate::publish::reconcile::accepts_partitions(api, version.as_deref());
-    Publisher::new(cluster.client().clone(), api, driver, identity, inventory, status)
-        .with_sharing(sharing)
-        .with_held_shares(held_shares)
-        .with_mig(mig, partitions, owned_mig)
-        .with_health(health, none_effect)
-        .run(shutdown)
-        .await;
-}
-
-/// Logs when the agent becomes ready (registered with the kubelet and slices published) and
-/// when it stops being so, and keeps systemd informed (READY=1 once, STATUS= on changes).
-async fn report_readiness(
-    mut registration: watch::Receiver<RegistrationState>,
-    mut publish: watch::Receiver<PublishStatus>,
-    notifier: Option<Arc<Notifier>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut told_ready = false;
-    let mut was_ready = false;
-    let mut last_status = String::new();
-    loop {
-        let registration_state = registration.borrow().clone();
-        let registered = registration_state.is_registered();
-        let PublishStatus { in_sync: published, devices, last_error, .. } = publish.borrow().clone();
-        let ready = registered && published;
-        if ready != was_ready {
-            if ready {
-                info!(devices, "ready: registered with the kubelet and slices published");
-            } else {
-                warn!(registered, published, "not ready");
-            }
-            was_ready = ready;
-        }
-        let status = match (&registration_state, published, &last_error) {
-            (RegistrationState::Refused(reason), _, _) => format!("the kubelet refused the registration: {reason}"),
-            (_, true, _) if registered => format!("ready: {devices} devices published"),
-            (_, false, Some(e)) => format!("registered with the kubelet: {registered}; not published yet: {e}"),
-            _ => format!("registered with the kubelet: {registered}; slices published: {published}"),
-        };
-        if let Some(n) = &notifier {
-            // An edge node may start without its control plane: once the kubelet is served
-            // and publishing has been tried, the start is complete for systemd (the status
-            // says what is missing) rather than a working agent being killed at the timeout.
-            let started = registered && (published || last_error.is_some());
-            if started && !told_ready {
-                told_ready = true;
-                if let Err(e) = n.ready() {
-                    warn!(error = %e, "cannot send READY=1 to systemd");
-                }
-            }
-            if status != last_status {
-                let _ = n.status(&status);
-            }
-        }
-        last_status = status;
-        tokio::select! {
-            r = registration.changed() => if r.is_err() { return },
-            r = publish.changed() => if r.is_err() { return },
-            () = stopped(&mut shutdown) => return,
         }
     }
 }
