@@ -46,19 +46,7 @@ const CAPACITIES: [Capacity; 7] = [
     ("memory", "memory", |p| p.memory),
 ];
 
-/// `[mig]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigSettings {
-    /// GPUs whose MIG devices are created on demand (dynamic MIG); the others are
-    /// published as they are (static).
-    pub dynamic: GpuSelection,
-}
-
-impl Default for MigSettings {
-    fn default() -> Self {
-        Self { dynamic: GpuSelection::Listed(Vec::new()) }
-    }
-}
+pub use crate::config::settings::MigSettings;
 
 /// The MIG instances edra created (or is about to create) for claims, as recorded in its
 /// state: (GPU UUID, placement). Every other instance on a dynamic GPU is foreign.

@@ -21,34 +21,7 @@
 
 use crate::inventory::{AttributeValue, Device, DeviceKind, Inventory};
 
-/// How the selected full GPUs are published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SharingMode {
-    /// Consumable capacity: many claims per GPU, each with a share of its memory.
-    Shares,
-    /// `sharing.replicas` devices per GPU.
-    Replicas,
-    /// One device per GPU, one claim at a time.
-    Exclusive,
-}
-
-/// What shares become where the API server drops consumable capacity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fallback {
-    /// Plain exclusive GPUs.
-    Exclusive,
-    /// Replicas.
-    Replicas,
-}
-
-/// Which full GPUs `sharing.mode` applies to; the others are exclusive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GpuSelection {
-    /// Every full GPU.
-    All,
-    /// GPUs named by device name (`gpu-0`) or UUID.
-    Listed(Vec<String>),
-}
+pub use crate::config::settings::{Enforcement, Fallback, GpuSelection, SharingMode, SharingSettings};
 
 impl GpuSelection {
     /// Whether `d` is selected.
@@ -56,69 +29,6 @@ impl GpuSelection {
         match self {
             GpuSelection::All => true,
             GpuSelection::Listed(names) => names.iter().any(|n| *n == d.name || *n == d.uuid),
-        }
-    }
-}
-
-/// `[sharing]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharingSettings {
-    /// How selected GPUs are published.
-    pub mode: SharingMode,
-    /// The GPUs `mode` applies to.
-    pub gpus: GpuSelection,
-    /// Shares are rounded up to a multiple of this many bytes (whole MiB).
-    pub memory_step: u64,
-    /// Devices per GPU in replicas mode (and the replicas fallback).
-    pub replicas: u32,
-    /// What shares become on a server without consumable capacity.
-    pub fallback: Fallback,
-    /// What edra does to a shared GPU while shares of it are prepared.
-    pub enforcement: Enforcement,
-}
-
-/// `sharing.enforcement`: what edra sets on a shared GPU from its first share to its last.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Enforcement {
-    /// Nothing: accounting only.
-    #[default]
-    None,
-    /// Compute mode DEFAULT and this time-slice (`sharing.timeslice`); still accounting
-    /// only for memory.
-    TimeSlicing(crate::device_config::Interval),
-    /// One MPS control daemon per shared GPU (compute mode EXCLUSIVE_PROCESS), each share's
-    /// pinned device memory limited to its consumed memory.
-    Mps,
-}
-
-impl Enforcement {
-    /// The configuration value: `none`, `timeslicing` or `mps`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Enforcement::None => "none",
-            Enforcement::TimeSlicing(_) => "timeslicing",
-            Enforcement::Mps => "mps",
-        }
-    }
-
-    /// The time-slice, in timeslicing enforcement.
-    pub fn timeslice(self) -> Option<crate::device_config::Interval> {
-        match self {
-            Enforcement::TimeSlicing(i) => Some(i),
-            _ => None,
-        }
-    }
-}
-
-impl Default for SharingSettings {
-    fn default() -> Self {
-        Self {
-            mode: SharingMode::Shares,
-            gpus: GpuSelection::All,
-            memory_step: 1 << 30,
-            replicas: 4,
-            fallback: Fallback::Exclusive,
-            enforcement: Enforcement::None,
         }
     }
 }

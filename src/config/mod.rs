@@ -9,6 +9,7 @@
 
 pub mod bounds;
 mod mock;
+pub mod settings;
 mod sharing;
 pub mod source;
 
@@ -234,18 +235,18 @@ pub struct Config {
     /// How MPS control daemons are started, checked and stopped.
     pub mps: MpsTimings,
     /// How full GPUs are offered: whole, as shares, or as replicas.
-    pub sharing: crate::sharing::SharingSettings,
+    pub sharing: settings::SharingSettings,
     /// Which GPUs get dynamic MIG (MIG devices created per claim).
-    pub mig: crate::mig::MigSettings,
+    pub mig: settings::MigSettings,
     /// How GPU health is judged.
     pub health: HealthConfig,
     /// How prepared claims that are gone from the API server are found and released.
-    pub claims: crate::prepare::stale::StaleSettings,
+    pub claims: settings::StaleSettings,
     /// `claims.prefetch`: watch this node's pods and read their claims before the kubelet
-    /// asks ([`crate::prepare::prefetch`]).
+    /// asks (prepare::prefetch).
     pub prefetch_claims: bool,
     /// `claims.prepare_early`: prepare a claim read early at once when it changes nothing
-    /// on a GPU ([`crate::prepare::stage`]); needs `claims.prefetch`.
+    /// on a GPU (prepare::stage); needs `claims.prefetch`.
     pub prepare_early: bool,
 }
 
@@ -468,15 +469,11 @@ impl Config {
             ),
         };
         let sharing = sharing::read_sharing(r);
-        let mig = crate::mig::MigSettings {
-            dynamic: r.get("mig.dynamic", crate::mig::MigSettings::default().dynamic, sharing::selection),
+        let mig = settings::MigSettings {
+            dynamic: r.get("mig.dynamic", settings::MigSettings::default().dynamic, sharing::selection),
         };
         let health = HealthConfig {
-            ignored_xids: r.get(
-                "health.ignored_xids",
-                crate::health::view::DEFAULT_IGNORED_XIDS.into_iter().collect(),
-                xid_list,
-            ),
+            ignored_xids: r.get("health.ignored_xids", settings::DEFAULT_IGNORED_XIDS.into_iter().collect(), xid_list),
             probe_interval: r.get(
                 "health.probe_interval",
                 Duration::from_secs(10),
@@ -488,8 +485,8 @@ impl Config {
                 bounds::duration_in(bounds::HEALTH_QUIET_PERIOD),
             ),
         };
-        let stale = crate::prepare::stale::StaleSettings::default();
-        let claims = crate::prepare::stale::StaleSettings {
+        let stale = settings::StaleSettings::default();
+        let claims = settings::StaleSettings {
             check_interval: r.get(
                 "claims.check_interval",
                 stale.check_interval,

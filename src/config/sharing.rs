@@ -3,9 +3,9 @@
 //! (`enforcement`, with `timeslice` for timeslicing).
 
 use super::bounds;
+use super::settings::{Enforcement, Fallback, GpuSelection, SharingMode, SharingSettings};
 use super::source::{Raw, Reader, bytes, string, string_list};
 use crate::device_config::Interval;
-use crate::sharing::{Enforcement, Fallback, GpuSelection, SharingMode, SharingSettings};
 
 pub(super) fn read_sharing(r: &mut Reader) -> SharingSettings {
     let d = SharingSettings::default();

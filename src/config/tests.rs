@@ -323,9 +323,9 @@ fn ignored_xids_default_to_the_application_errors_and_are_checked() {
 
 #[test]
 fn sharing_defaults_to_shares_of_every_gpu_and_bad_values_name_the_key() {
-    use crate::sharing::{Fallback, GpuSelection, SharingMode};
+    use crate::config::settings::{Fallback, GpuSelection, SharingMode};
     let cfg = Config::load(&ctx(None, &[])).unwrap();
-    assert_eq!(cfg.sharing, crate::sharing::SharingSettings::default());
+    assert_eq!(cfg.sharing, crate::config::settings::SharingSettings::default());
     assert_eq!((cfg.sharing.mode, cfg.sharing.memory_step), (SharingMode::Shares, 1 << 30));
     let f = write(
         "[sharing]\nmode = \"replicas\"\ngpus = [\"gpu-1\", \"GPU-abc\"]\nmemory_step = \"512Mi\"\nreplicas = 8\n\
@@ -357,7 +357,7 @@ fn sharing_defaults_to_shares_of_every_gpu_and_bad_values_name_the_key() {
 
 #[test]
 fn mig_is_static_unless_gpus_are_selected_for_dynamic_mig() {
-    use crate::sharing::GpuSelection;
+    use crate::config::settings::GpuSelection;
     let cfg = Config::load(&ctx(None, &[])).unwrap();
     assert!(!cfg.mig.any(), "static by default");
     let f = write("[mig]\ndynamic = [\"gpu-0\", \"GPU-abc\"]\n");
@@ -373,8 +373,8 @@ fn mig_is_static_unless_gpus_are_selected_for_dynamic_mig() {
 
 #[test]
 fn sharing_enforcement_keeps_timeslice_alone_as_timeslicing_and_refuses_contradictions() {
+    use crate::config::settings::Enforcement;
     use crate::device_config::Interval;
-    use crate::sharing::Enforcement;
     let load = |text: &str| Config::load(&ctx(Some(write(text).path().into()), &[]));
     let enforcement = |text: &str| load(text).unwrap().sharing.enforcement;
     assert_eq!(enforcement(""), Enforcement::None);

@@ -48,10 +48,7 @@ pub fn xid_meaning(xid: u64) -> Option<&'static str> {
         _ => return None,
     })
 }
-/// The application-level XIDs ignored by default (as NVIDIA's device plugin does): 13
-/// graphics engine exception, 31 memory page fault, 43 GPU stopped processing, 45
-/// preemptive cleanup, 68 video processor exception, 109 context switch timeout.
-pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+pub use crate::config::settings::DEFAULT_IGNORED_XIDS;
 
 /// What is wrong with a GPU; also the taint key's name (`<driver>/<key>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -39,20 +39,7 @@ use crate::plugin::ClaimRef;
 use crate::state::{ClaimRecord, Phase, StateError};
 use crate::util::until_stopped;
 
-/// How often and how patiently claims are checked (`[claims]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StaleSettings {
-    /// How often prepared claims are checked against the API server.
-    pub check_interval: Duration,
-    /// How long a claim must stay gone before it is released.
-    pub release_after: Duration,
-}
-
-impl Default for StaleSettings {
-    fn default() -> Self {
-        Self { check_interval: Duration::from_secs(300), release_after: Duration::from_secs(120) }
-    }
-}
+pub use crate::config::settings::StaleSettings;
 
 /// What the API server says about a prepared claim.
 #[derive(Debug, Clone, PartialEq, Eq)]

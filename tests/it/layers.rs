@@ -92,3 +92,35 @@ fn leaves_import_nothing_of_edra() {
     found.extend(offenders("failpoint", &[""]));
     assert!(found.is_empty(), "leaf modules import edra:\n{}", found.join("\n"));
 }
+
+#[test]
+fn config_is_plain_data_at_the_bottom() {
+    // The settings types live in config; the logic that reads them in the rooms that use
+    // them. config may name only the leaves.
+    let domain = [
+        "app",
+        "cli",
+        "dirmode",
+        "doctor",
+        "failpoint",
+        "fuzzing",
+        "gpu",
+        "health",
+        "hook",
+        "instance",
+        "inventory",
+        "kube",
+        "malloc",
+        "mig",
+        "plugin",
+        "prepare",
+        "publish",
+        "selftest",
+        "sharing",
+        "state",
+        "status",
+        "telemetry",
+    ];
+    let found = offenders("config", &domain);
+    assert!(found.is_empty(), "config imports a domain module:\n{}", found.join("\n"));
+}
