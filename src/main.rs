@@ -69,7 +69,7 @@ fn main() -> ExitCode {
 
 /// `edra inventory`: table on a terminal, JSON otherwise.
 fn inventory(config: &Config, output: Option<OutputArg>) -> ExitCode {
-    use edra::inventory::report::{Format, run};
+    use edra::publish::report::{Format, run};
     let stdout = std::io::stdout();
     let format = match output {
         Some(OutputArg::Json) => Format::Json,

@@ -22,7 +22,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::gpu::mig::{MigGpu, MigInstance, MigProfile, Placement};
+use crate::gpu::mig::{MigInstance, MigProfile, Placement};
+use crate::inventory::MigGpu;
 use crate::inventory::{AttributeValue, CounterSet, CounterUse, Device, DeviceKind, Inventory, MigSlot};
 use crate::sharing::GpuSelection;
 
@@ -109,7 +110,7 @@ impl MigSettings {
             return out;
         }
         let devices = &mut out.inventory.devices;
-        devices.retain(|d| !carved_uuids.contains(crate::health::gpu_of(d)));
+        devices.retain(|d| !carved_uuids.contains(crate::inventory::gpu_of(d)));
         for gpu in carvable {
             let set = counter_set(gpu);
             let foreign: Vec<&MigInstance> =

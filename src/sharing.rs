@@ -33,15 +33,7 @@ impl GpuSelection {
     }
 }
 
-/// The memory request policy of a shareable GPU, in bytes: `default` when a claim asks for
-/// no memory, otherwise the request rounded up to `min + k·step` (`min` = `step`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SharePolicy {
-    /// Consumed by a claim that names no memory: the whole memory, rounded down to the step.
-    pub default: u64,
-    /// Smallest share and the rounding step.
-    pub step: u64,
-}
+pub use crate::inventory::SharePolicy;
 
 /// How one device is offered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -114,6 +114,11 @@ pub fn set_dir_mode(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
 /// parsed but rewrites the number canonically, so a plain integer is not always returned
 /// unchanged (`85000000000` comes back as `85G`); writing the canonical text keeps a
 /// read-back slice equal to the desired one.
+/// fsyncs a file or directory by path.
+pub fn sync_path(path: &std::path::Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()
+}
+
 pub fn quantity(v: u64) -> String {
     if v >= 1024 && v.is_multiple_of(1024) {
         let mut n = v;

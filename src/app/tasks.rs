@@ -1,6 +1,8 @@
 //! The agent's long-running tasks, each until shutdown: systemd's watchdog, healing a
 //! poisoned state store, supervising MPS daemons, the kubelet's device health list,
 //! rediscovery, publishing, and readiness reporting. [`super::run_signalling`] starts them.
+//! They log under the target `edra::app`, as before they had a file of their own, so log
+//! filters and what operators grep for stay the same.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,10 +48,12 @@ pub(super) async fn heal_state(preparer: Preparer, mut shutdown: watch::Receiver
         match tokio::task::spawn_blocking(move || healing.heal()).await {
             Ok(Ok(report)) => {
                 backoff.reset();
-                info!(rolled_back = report.rolled_back.len(), "state store re-opened; serving claims again");
+                info!(target: "edra::app", rolled_back = report.rolled_back.len(), "state store re-opened; serving claims again");
             }
-            Ok(Err(e)) => warn!(error = %error_chain(&e), "the state store cannot be re-opened yet; retrying"),
-            Err(e) => warn!(error = %e, "re-opening the state store failed; retrying"),
+            Ok(Err(e)) => {
+                warn!(target: "edra::app", error = %error_chain(&e), "the state store cannot be re-opened yet; retrying")
+            }
+            Err(e) => warn!(target: "edra::app", error = %e, "re-opening the state store failed; retrying"),
         }
     }
 }
@@ -65,8 +69,10 @@ pub(super) async fn supervise_mps(preparer: Preparer, interval: Duration, mut sh
         let checking = preparer.clone();
         match tokio::task::spawn_blocking(move || checking.check_mps_daemons()).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => warn!(error = %error_chain(&e), "cannot check the MPS control daemons; retrying"),
-            Err(e) => warn!(error = %e, "checking the MPS control daemons failed; retrying"),
+            Ok(Err(e)) => {
+                warn!(target: "edra::app", error = %error_chain(&e), "cannot check the MPS control daemons; retrying")
+            }
+            Err(e) => warn!(target: "edra::app", error = %e, "checking the MPS control daemons failed; retrying"),
         }
     }
 }
@@ -171,13 +177,15 @@ pub(super) async fn rediscover(
                     if **cur == inv {
                         false
                     } else {
-                        info!(devices = inv.devices.len(), "devices changed");
+                        info!(target: "edra::app", devices = inv.devices.len(), "devices changed");
                         *cur = Arc::new(inv);
                         true
                     }
                 });
             }
-            Err(e) => warn!(error = %error_chain(&e), "rediscovering devices failed; keeping the last inventory"),
+            Err(e) => {
+                warn!(target: "edra::app", error = %error_chain(&e), "rediscovering devices failed; keeping the last inventory")
+            }
         }
     }
 }
@@ -213,9 +221,9 @@ pub(super) async fn publish(
             Err(e) => {
                 let msg = error_chain(&e);
                 if e.is_not_found() {
-                    error!(error = %msg, node = %node, "Node {node} does not exist; set node_name to this node's name as `kubectl get nodes` shows it");
+                    error!(target: "edra::app", error = %msg, node = %node, "Node {node} does not exist; set node_name to this node's name as `kubectl get nodes` shows it");
                 } else if e.is_forbidden() {
-                    error!(
+                    error!(target: "edra::app",
                         error = %msg,
                         node = %node,
                         identity = cluster.client().identity(),
@@ -223,7 +231,7 @@ pub(super) async fn publish(
                          the node they belong to (system:node:<name>), otherwise grant the RBAC in config/rbac.yaml"
                     );
                 } else {
-                    warn!(error = %msg, "cannot reach the API server yet; the kubelet is served meanwhile, retrying");
+                    warn!(target: "edra::app", error = %msg, "cannot reach the API server yet; the kubelet is served meanwhile, retrying");
                 }
                 status.send_modify(|s| s.last_error = Some(msg));
                 if until_stopped(tokio::time::sleep(backoff.next_delay()), &mut shutdown).await.is_none() {
@@ -232,7 +240,7 @@ pub(super) async fn publish(
             }
         }
     };
-    info!(api = api.version(), node = %node, "publishing ResourceSlices");
+    info!(target: "edra::app", api = api.version(), node = %node, "publishing ResourceSlices");
     let identity = NodeIdentity { name: node, uid };
     // The `None` taint effect needs Kubernetes 1.35; `/version` says which this is.
     let version = match until_stopped(cluster.client().server_version(), &mut shutdown).await {
@@ -268,9 +276,9 @@ pub(super) async fn report_readiness(
         let ready = registered && published;
         if ready != was_ready {
             if ready {
-                info!(devices, "ready: registered with the kubelet and slices published");
+                info!(target: "edra::app", devices, "ready: registered with the kubelet and slices published");
             } else {
-                warn!(registered, published, "not ready");
+                warn!(target: "edra::app", registered, published, "not ready");
             }
             was_ready = ready;
         }
@@ -288,7 +296,7 @@ pub(super) async fn report_readiness(
             if started && !told_ready {
                 told_ready = true;
                 if let Err(e) = n.ready() {
-                    warn!(error = %e, "cannot send READY=1 to systemd");
+                    warn!(target: "edra::app", error = %e, "cannot send READY=1 to systemd");
                 }
             }
             if status != last_status {

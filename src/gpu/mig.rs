@@ -105,21 +105,6 @@ pub struct MigInstance {
     pub uuid: Option<String>,
 }
 
-/// A MIG-capable GPU in MIG mode: what it supports and what exists on it now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigGpu {
-    /// The GPU's UUID.
-    pub uuid: String,
-    /// The whole GPU as it is published when it is not carved up (kind
-    /// [`crate::inventory::DeviceKind::Gpu`], its attributes and capacity), whether or not
-    /// MIG devices exist on it now.
-    pub device: crate::inventory::Device,
-    /// What it can be carved into.
-    pub capability: MigCapability,
-    /// The GPU instances that exist, created by edra or not.
-    pub instances: Vec<MigInstance>,
-}
-
 /// Why a MIG instance could not be created, destroyed or listed.
 #[derive(Debug, thiserror::Error)]
 pub enum MigError {

@@ -20,7 +20,7 @@ pub mod view;
 
 use std::collections::BTreeMap;
 
-use crate::inventory::{Device, DeviceKind};
+use crate::inventory::Device;
 pub use monitor::{HealthMonitor, HealthSettings};
 pub use source::{HealthBackend, MockHealth};
 pub use view::{Condition, ConditionKind, GpuHealth};
@@ -99,11 +99,4 @@ impl DeviceState {
     }
 }
 
-/// The UUID of the GPU `device` is (or is carved from).
-pub fn gpu_of(device: &Device) -> &str {
-    match &device.kind {
-        DeviceKind::Gpu => &device.uuid,
-        DeviceKind::Mig(m) => &m.parent_uuid,
-        DeviceKind::MigSlot(s) => &s.parent_uuid,
-    }
-}
+pub use crate::inventory::gpu_of;

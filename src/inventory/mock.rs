@@ -145,7 +145,7 @@ impl DeviceBackend for MockBackend {
                     };
                     devices.push(self.static_mig(&gpu, &facts));
                 }
-                mig_gpus.push(crate::gpu::mig::MigGpu {
+                mig_gpus.push(crate::inventory::MigGpu {
                     uuid: mode.uuid.clone(),
                     device: self.whole_gpu(&gpu),
                     capability: mode.capability.clone(),

@@ -14,7 +14,6 @@ pub mod host;
 pub mod mock;
 pub mod nvml;
 pub mod nvml_mig;
-pub mod report;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -101,7 +100,7 @@ pub struct Device {
     pub device_nodes: Vec<PathBuf>,
     /// Published as shareable (consumable capacity) with this memory policy; set by
     /// [`crate::sharing`], never by a backend.
-    pub shared: Option<crate::sharing::SharePolicy>,
+    pub shared: Option<SharePolicy>,
     /// The counters this device consumes from its GPU's counter set (dynamic MIG); set by
     /// [`crate::mig`], never by a backend.
     pub consumes: Option<CounterUse>,
@@ -126,6 +125,40 @@ pub struct CounterUse {
     pub counters: BTreeMap<String, u64>,
 }
 
+/// The UUID of the GPU `device` is (or is carved from).
+pub fn gpu_of(device: &Device) -> &str {
+    match &device.kind {
+        DeviceKind::Gpu => &device.uuid,
+        DeviceKind::Mig(m) => &m.parent_uuid,
+        DeviceKind::MigSlot(s) => &s.parent_uuid,
+    }
+}
+
+/// A MIG-capable GPU in MIG mode: what it supports and what exists on it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigGpu {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// The whole GPU as it is published when it is not carved up (kind
+    /// [`DeviceKind::Gpu`], its attributes and capacity), whether or not
+    /// MIG devices exist on it now.
+    pub device: Device,
+    /// What it can be carved into.
+    pub capability: crate::gpu::mig::MigCapability,
+    /// The GPU instances that exist, created by edra or not.
+    pub instances: Vec<crate::gpu::mig::MigInstance>,
+}
+
+/// The memory request policy of a shareable GPU, in bytes: `default` when a claim asks for
+/// no memory, otherwise the request rounded up to `min + k·step` (`min` = `step`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharePolicy {
+    /// Consumed by a claim that names no memory: the whole memory, rounded down to the step.
+    pub default: u64,
+    /// Smallest share and the rounding step.
+    pub step: u64,
+}
+
 /// Everything a backend discovered.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Inventory {
@@ -138,7 +171,7 @@ pub struct Inventory {
     pub cuda_driver_version: Option<String>,
     /// GPUs in MIG mode whose MIG capability the backend could read, with the MIG
     /// instances on them now (for dynamic MIG); their static MIG devices are in `devices`.
-    pub mig_gpus: Vec<crate::gpu::mig::MigGpu>,
+    pub mig_gpus: Vec<MigGpu>,
     /// Counter sets to publish (dynamic MIG); set by [`crate::mig`], never by a backend.
     pub counter_sets: Vec<CounterSet>,
 }

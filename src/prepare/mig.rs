@@ -160,7 +160,7 @@ impl Preparer {
     pub(super) fn inventory_view(&self) -> Arc<Inventory> {
         let inventory = self.inner.inventory.borrow().clone();
         let mig = &self.inner.settings.mig;
-        let missing = |g: &&crate::gpu::mig::MigGpu| {
+        let missing = |g: &&crate::inventory::MigGpu| {
             g.device.kind == DeviceKind::Gpu
                 && mig.dynamic.selects(&g.device)
                 && inventory.device(&g.device.name).is_none()

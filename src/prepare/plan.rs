@@ -195,7 +195,7 @@ fn share_of(
             PrepareError::InvalidConsumedMemory {
                 device: r.device.clone(),
                 found: q.0.chars().take(64).collect(),
-                gpu_memory: crate::publish::desired::quantity(gpu_memory),
+                gpu_memory: crate::util::quantity(gpu_memory),
             }
         })?,
     };
@@ -205,7 +205,7 @@ fn share_of(
         return Err(PrepareError::UnpublishedShare {
             device: r.device.clone(),
             found: q.0.chars().take(64).collect(),
-            step: crate::publish::desired::quantity(step),
+            step: crate::util::quantity(step),
         });
     }
     Ok(Some(ShareRecord { gpu: found.gpu.name.clone(), memory, gpu_memory }))

@@ -8,4 +8,5 @@ pub mod desired;
 pub mod machine;
 pub mod plan;
 pub mod reconcile;
+pub mod report;
 pub mod taints;

@@ -204,7 +204,7 @@ async fn shares(ctx: &Context, prep: &Prep, inv: &Inventory, gpu: &str, n: u32) 
             return Check::skip("prepare-shares", Some(gpu), "published whole (sharing.mode and sharing.gpus)");
         }
         Offer::Shares(policy) => {
-            let memory = crate::publish::desired::quantity(policy.step);
+            let memory = crate::util::quantity(policy.step);
             let share = |k: u32| Some(uid(n * 100 + k));
             (
                 vec![("a", gpu, share(1), Some(memory.clone())), ("b", gpu, share(2), Some(memory.clone()))],

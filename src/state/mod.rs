@@ -1248,7 +1248,4 @@ fn tx_result<T>(r: Result<T, TransactionError<StateError>>, op: &'static str) ->
     })
 }
 
-/// fsyncs a file or directory by path.
-pub(crate) fn sync_path(path: &Path) -> io::Result<()> {
-    File::open(path)?.sync_all()
-}
+pub(crate) use crate::util::sync_path;

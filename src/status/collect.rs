@@ -140,7 +140,7 @@ fn gpus(
     out
 }
 
-fn mig_instances(gpu: &crate::gpu::mig::MigGpu, owned: &OwnedInstances, claims: &[ClaimRecord]) -> Vec<MigStatus> {
+fn mig_instances(gpu: &crate::inventory::MigGpu, owned: &OwnedInstances, claims: &[ClaimRecord]) -> Vec<MigStatus> {
     gpu.instances
         .iter()
         .map(|i| {

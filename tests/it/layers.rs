@@ -124,3 +124,115 @@ fn config_is_plain_data_at_the_bottom() {
     let found = offenders("config", &domain);
     assert!(found.is_empty(), "config imports a domain module:\n{}", found.join("\n"));
 }
+
+/// The top-level modules of src/ and, for each, the others its production code names
+/// (`crate::<module>` outside comments and test code).
+fn module_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut modules = BTreeSet::new();
+    for entry in std::fs::read_dir(&src).expect("read src").flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        match name.strip_suffix(".rs") {
+            Some(m) if !m.ends_with("_tests") && m != "lib" && m != "main" => modules.insert(m.to_string()),
+            Some(_) => false,
+            None => entry.path().is_dir() && modules.insert(name),
+        };
+    }
+    let mut graph: BTreeMap<String, BTreeSet<String>> = modules.iter().map(|m| (m.clone(), BTreeSet::new())).collect();
+    for module in &modules {
+        let mut files = Vec::new();
+        let single = src.join(format!("{module}.rs"));
+        if single.exists() {
+            files.push(single);
+        }
+        if src.join(module).is_dir() {
+            sources(&src.join(module), &mut files);
+        }
+        for file in files {
+            let name = file.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            if name.contains("test") || file.components().any(|c| c.as_os_str() == "tests") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).expect("read a source file");
+            for line in production_lines(&text) {
+                for (at, _) in line.match_indices("crate::") {
+                    let rest = &line[at + "crate::".len()..];
+                    let name: String = rest.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+                    if modules.contains(&name) && name != *module {
+                        graph.get_mut(module).expect("a module").insert(name);
+                    }
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// The lines of `text` that are code of the production build: no comments, no inline
+/// `#[cfg(test)] mod … { … }` block (a `#[cfg(test)] mod tests;` line is skipped alone).
+fn production_lines(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("//") {
+            continue;
+        }
+        if trimmed.starts_with("#[cfg(test)]") {
+            let Some(next) = lines.next() else { break };
+            if next.trim_end().ends_with('{') {
+                let mut depth: i64 = 1;
+                for inner in lines.by_ref() {
+                    depth += inner.matches('{').count() as i64 - inner.matches('}').count() as i64;
+                    if depth <= 0 {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(line);
+    }
+    out
+}
+
+#[test]
+fn no_import_cycle_between_top_level_modules() {
+    let graph = module_graph();
+    println!("module graph (production imports):");
+    for (module, imports) in &graph {
+        println!("  {module} -> {}", imports.iter().cloned().collect::<Vec<_>>().join(", "));
+    }
+    // Depth-first search for a back edge; reports the cycle it closes.
+    fn visit<'a>(
+        m: &'a str,
+        graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<&'a str>,
+        done: &mut std::collections::BTreeSet<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| *p == m) {
+            let mut cycle: Vec<String> = path[at..].iter().map(|s| s.to_string()).collect();
+            cycle.push(m.to_string());
+            return Some(cycle);
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m);
+        for next in graph.get(m).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m);
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for module in graph.keys() {
+        if let Some(cycle) = visit(module, &graph, &mut Vec::new(), &mut done) {
+            panic!("an import cycle between top-level modules: {}", cycle.join(" -> "));
+        }
+    }
+}

@@ -86,7 +86,7 @@ impl MockMigControl {
         let tmp = dir.join(format!(".{STATE_FILE}.tmp-{}", std::process::id()));
         std::fs::create_dir_all(dir)
             .and_then(|()| crate::util::write_atomically(&self.path, &tmp, &bytes, 0o644))
-            .and_then(|()| crate::state::sync_path(dir))
+            .and_then(|()| crate::util::sync_path(dir))
             .map_err(|e| self.state_error(format!("cannot write: {e}")))
     }
 

@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edra::gpu::mig::{MigGpu, profiles};
+use edra::gpu::mig::profiles;
 use edra::inventory::Inventory;
+use edra::inventory::MigGpu;
 use edra::inventory::attributes::{GpuFacts, gpu_device};
 use edra::kube::Client;
 use edra::mig::{MigSettings, OwnedInstances};

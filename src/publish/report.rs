@@ -13,9 +13,9 @@ use std::io::Write;
 
 use serde_json::json;
 
-use super::{AttributeValue, Inventory, InventoryError, backend_from_config};
+use super::desired::{NodeIdentity, desired_slices, quantity, with_stable_name};
 use crate::config::Config;
-use crate::publish::desired::{NodeIdentity, desired_slices, quantity, with_stable_name};
+use crate::inventory::{AttributeValue, Inventory, InventoryError, backend_from_config};
 
 /// How to print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
