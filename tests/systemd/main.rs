@@ -10,6 +10,8 @@
 //! prints `ready`, then answers one line per command read from stdin, `ok ...` or
 //! `fail <why>`:
 //!
+//! - `mkdirs`: creates the plugin and registration folders, as the kubelet does when it
+//!   starts;
 //! - `register`: waits for edra's registration socket and registers it as the kubelet
 //!   does (GetInfo, NotifyRegistrationStatus; retried for up to 30 s), then waits for its
 //!   slices;
@@ -91,6 +93,7 @@ async fn main() {
         let words: Vec<&str> = line.split_whitespace().collect();
         let reply = match words.as_slice() {
             ["register"] => k.register().await,
+            ["mkdirs"] => k.mkdirs(),
             ["prepare", name, kind] => k.prepare(name, kind).await,
             ["watch"] => Ok(k.watch()),
             ["check", name] => k.check(name).await,
@@ -135,6 +138,13 @@ async fn wait(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Re
 }
 
 impl Kubelet {
+    fn mkdirs(&self) -> Result<String, String> {
+        for dir in [self.registry.parent(), self.dra.parent().and_then(Path::parent)].into_iter().flatten() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        }
+        Ok("plugins and plugins_registry created".into())
+    }
+
     async fn register(&mut self) -> Result<String, String> {
         wait("registration socket", RETRY, || self.registry.exists()).await?;
         // A socket left by a killed edra refuses connections until the next one replaces it.
