@@ -15,7 +15,8 @@
 //! - `register`: waits for edra's registration socket and registers it as the kubelet
 //!   does (GetInfo, NotifyRegistrationStatus; retried for up to 30 s), then waits for its
 //!   slices;
-//! - `prepare <name> gpu|share`: a claim allocated the first GPU whole or a 1Gi share of the last,
+//! - `prepare <name> gpu|share|mps`: a claim allocated the first GPU whole, a 1Gi share of
+//!   the last, or the second with MPS sharing,
 //!   prepared through the DRA socket; the answer's CDI IDs are kept;
 //! - `watch`: from now on registers every new registration socket as soon as it appears,
 //!   as the kubelet's plugin watcher does (for restarts it does not wait on);
@@ -198,8 +199,9 @@ impl Kubelet {
         Ok(format!("{calls} prepares answered alike, {retried} retried after a refused or closed connection"))
     }
 
-    /// A published device: the first by name for whole GPUs, the last for shares.
-    fn device(&self, last: bool) -> Result<String, String> {
+    /// A published device: the first by name for whole GPUs, the last for shares, the
+    /// second for MPS.
+    fn device(&self, kind: &str) -> Result<String, String> {
         let devices = self.site.server.with_state(|s| {
             s.slices_on(NODE)
                 .iter()
@@ -207,8 +209,14 @@ impl Kubelet {
                 .filter_map(|d| d["name"].as_str().map(str::to_string))
                 .collect::<Vec<_>>()
         });
-        let pick = if last { devices.into_iter().max() } else { devices.into_iter().min() };
-        pick.ok_or_else(|| "no published device".to_string())
+        let mut devices = devices;
+        devices.sort();
+        let pick = match kind {
+            "share" => devices.last(),
+            "mps" => devices.get(1),
+            _ => devices.first(),
+        };
+        pick.cloned().ok_or_else(|| "no published device".to_string())
     }
 
     async fn call(&self, claim: &v1::Claim, prepare: bool) -> Result<Vec<String>, String> {
@@ -254,10 +262,15 @@ impl Kubelet {
     }
 
     async fn prepare(&mut self, name: &str, kind: &str) -> Result<String, String> {
-        let device = self.device(kind == "share")?;
+        let device = self.device(kind)?;
         let claim = match kind {
             "gpu" => self.site.claim(name, std::slice::from_ref(&device)),
             "share" => self.site.claim_share(name, &device, "1Gi"),
+            "mps" => {
+                let sharing = serde_json::json!({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 20}});
+                let config = serde_json::json!({"apiVersion": format!("{DRIVER}/v1alpha1"), "kind": "GpuConfig", "sharing": sharing});
+                self.site.claim_with(name, std::slice::from_ref(&device), Some(config))
+            }
             other => return Err(format!("unknown claim kind {other}")),
         };
         let ids = self.call(&claim, true).await?;
