@@ -15,8 +15,9 @@
 //! - `register`: waits for edra's registration socket and registers it as the kubelet
 //!   does (GetInfo, NotifyRegistrationStatus; retried for up to 30 s), then waits for its
 //!   slices;
-//! - `prepare <name> gpu|share|mps`: a claim allocated the first GPU whole, a 1Gi share of
-//!   the last, or the second with MPS sharing,
+//! - `prepare <name> gpu|share|mps|mig`: a claim allocated the first GPU whole, a 1Gi share
+//!   of the last, the second with MPS sharing, or the 3g.40gb MIG device at
+//!   placement 0 of the first (mock `mig_mode`),
 //!   prepared through the DRA socket; the answer's CDI IDs are kept;
 //! - `watch`: from now on registers every new registration socket as soon as it appears,
 //!   as the kubelet's plugin watcher does (for restarts it does not wait on);
@@ -262,10 +263,13 @@ impl Kubelet {
     }
 
     async fn prepare(&mut self, name: &str, kind: &str) -> Result<String, String> {
-        let device = self.device(kind)?;
+        // The mock's dynamic MIG devices are allocated by name, as the scheduler would
+        // from the GPU's partitions (the tests in tests/it/agent/mig.rs do the same).
+        let device = if kind == "mig" { "gpu-0-mig-3g40gb-9-0".to_string() } else { self.device(kind)? };
         let claim = match kind {
             "gpu" => self.site.claim(name, std::slice::from_ref(&device)),
             "share" => self.site.claim_share(name, &device, "1Gi"),
+            "mig" => self.site.claim(name, std::slice::from_ref(&device)),
             "mps" => {
                 let sharing = serde_json::json!({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 20}});
                 let config = serde_json::json!({"apiVersion": format!("{DRIVER}/v1alpha1"), "kind": "GpuConfig", "sharing": sharing});
