@@ -61,9 +61,20 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(edra::app::AppError::Config(msg)) => config_failure(vec![msg]),
         Err(e) => {
-            eprintln!("edra: {}", edra::util::error_chain(&e));
+            print_error(&[format!("edra: {}", edra::util::error_chain(&e))]);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Writes why edra stops to stderr; under systemd's journal each line carries priority 3
+/// (err), as the log's own error lines do, so `journalctl -p err -u edra` shows it.
+fn print_error(lines: &[String]) {
+    use std::io::Write;
+    let prefix = if edra::telemetry::LogStyle::detect().journald { "<3>" } else { "" };
+    let mut stderr = std::io::stderr().lock();
+    for line in lines {
+        let _ = writeln!(stderr, "{prefix}{line}");
     }
 }
 
@@ -81,7 +92,7 @@ fn inventory(config: &Config, output: Option<OutputArg>) -> ExitCode {
     match run(config, format, &mut stdout.lock()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("edra: {}", edra::util::error_chain(&e));
+            print_error(&[format!("edra: {}", edra::util::error_chain(&e))]);
             ExitCode::FAILURE
         }
     }
@@ -181,18 +192,17 @@ fn usage_failure(e: &clap::Error) -> ExitCode {
 }
 
 fn config_failure(problems: Vec<String>) -> ExitCode {
-    eprintln!(
+    let mut out = vec![format!(
         "edra: invalid configuration ({} problem{}):",
         problems.len(),
         if problems.len() == 1 { "" } else { "s" }
-    );
+    )];
     // A problem of several lines keeps them under its bullet.
     for p in problems {
         let mut lines = p.lines();
-        eprintln!("  - {}", lines.next().unwrap_or_default());
-        for line in lines {
-            eprintln!("    {line}");
-        }
+        out.push(format!("  - {}", lines.next().unwrap_or_default()));
+        out.extend(lines.map(|line| format!("    {line}")));
     }
+    print_error(&out);
     ExitCode::from(EXIT_CONFIG)
 }

@@ -89,6 +89,29 @@ fn set_accepts_toml_arrays_for_lists() {
 }
 
 #[test]
+fn under_the_journal_an_invalid_configuration_is_written_at_error_priority() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // edra's stderr is this file; JOURNAL_STREAM names it as systemd does.
+    let path = dir.path().join("stderr");
+    let file = std::fs::File::create(&path).expect("create the stderr file");
+    let meta = file.metadata().expect("stat the stderr file");
+    let status = Command::new(env!("CARGO_BIN_EXE_edra"))
+        .env_clear()
+        .env("HOME", dir.path())
+        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .current_dir(dir.path())
+        .args(["--set", "backend=nope", "run"])
+        .stderr(file)
+        .status()
+        .expect("run edra");
+    assert_eq!(status.code(), Some(64));
+    let text = std::fs::read_to_string(&path).expect("read the stderr file");
+    assert!(text.starts_with("<3>edra: invalid configuration (1 problem):\n<3>  - "), "{text}");
+    assert!(text.lines().all(|l| l.starts_with("<3>")), "a line without the error priority:\n{text}");
+}
+
+#[test]
 fn missing_credentials_are_one_problem_with_the_sources_indented_under_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let absent = |name: &str| dir.path().join(name).display().to_string();
