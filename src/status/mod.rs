@@ -1,7 +1,7 @@
 //! `edra status`: a live view of the node from the running agent.
 //!
 //! The agent serves its view on a Unix socket in its runtime directory
-//! (`<paths.runtime_dir>/status.sock`, mode 0600 in a 0700 directory: root only), one
+//! (`<paths.runtime_dir>/status.sock`, mode 0600: root only), one
 //! HTTP/1.1 `GET /v1/status` answered with a [`NodeStatus`] as JSON ([`server`]);
 //! `edra status` is its client and prints it as text, wide text or JSON, once or every two
 //! seconds ([`client`], [`render`]). The view is read from what the agent already holds —

@@ -1,6 +1,7 @@
 //! The agent's side of `edra status`: `GET /v1/status` over HTTP/1.1 on a Unix socket in
-//! the runtime directory. The directory is made 0700 and the socket 0600 (created under a
-//! umask that allows nothing else), so only root reaches it; any other request is 404.
+//! the runtime directory. The socket is 0600 from its creation (bound under a umask that
+//! allows nothing else; connecting needs write permission on it), so only root reaches it;
+//! the directory keeps its own mode (root's, 0755). Any other request is 404.
 //! Each answer is collected on a blocking thread from what the agent holds; a connection
 //! is served for at most [`CONNECTION_LIMIT`], and the socket is removed at shutdown.
 
@@ -42,13 +43,11 @@ pub fn socket_path(runtime_dir: &Path) -> PathBuf {
     runtime_dir.join(super::SOCKET)
 }
 
-/// Binds `<runtime_dir>/status.sock` (0600; the directory 0700), replacing a socket a
-/// previous agent left.
+/// Binds `<runtime_dir>/status.sock` (0600), replacing a socket a previous agent left.
 pub fn bind(runtime_dir: &Path) -> Result<UnixListener, StatusServeError> {
     let path = socket_path(runtime_dir);
     let err = |source| StatusServeError::Bind { path: path.clone(), source };
     std::fs::create_dir_all(runtime_dir).map_err(err)?;
-    crate::util::set_dir_mode(runtime_dir, 0o700).map_err(err)?;
     match std::fs::symlink_metadata(&path) {
         Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
             std::fs::remove_file(&path).map_err(err)?

@@ -99,11 +99,29 @@ async fn status_shows_gpus_and_claims_and_answers_while_the_api_server_is_down()
     let (ok, wide, _) = status(&config, "wide");
     assert!(ok && wide.contains(&shared.uid) && wide.contains("XID 79"), "{wide}");
 
-    // Root only: the socket is 0600 in a 0700 directory.
+    // Root only: the socket is 0600 (connecting needs write permission on it); the runtime
+    // directory keeps the mode the packages promise.
     let socket = agent.fs.root.join("run/status.sock");
     let socket = if socket.exists() { socket } else { find_socket(&agent.fs.root) };
     assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
-    assert_eq!(std::fs::metadata(socket.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+    if crate::support::mps::is_root() {
+        // Another user who can reach the socket's folder still cannot connect.
+        use std::os::unix::process::CommandExt;
+        let dir = socket.parent().unwrap();
+        for d in dir.ancestors().take_while(|d| d.starts_with(cluster.dir.path())) {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
+        let probe = std::process::Command::new(env!("CARGO_BIN_EXE_edra"))
+            .env_clear()
+            .args(["--set", &format!("paths.runtime_dir={}", dir.display()), "status"])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("run edra status as nobody");
+        let err = String::from_utf8_lossy(&probe.stderr);
+        assert!(!probe.status.success(), "nobody was let in");
+        assert!(err.contains("cannot reach the running agent") && err.contains("Permission denied"), "{err}");
+    }
 
     // The API server goes away: the view still comes, from what the agent holds.
     cluster.server.stop().await;
