@@ -246,7 +246,7 @@ pub async fn run_signalling(
         registration: plugin.registration(),
         publish: status_rx.clone(),
         pods: pods_in_use,
-        started_at: started_at(),
+        started_at: crate::health::view::unix_secs(std::time::SystemTime::now()),
     };
     let serving_status = crate::status::server::start(&config.paths.runtime_dir, status, shutdown.clone());
     let claim_status = crate::publish::claim_status::ClaimStatusSettings {

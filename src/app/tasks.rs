@@ -92,10 +92,6 @@ pub(super) fn health_check_timeout(probe_interval: Duration) -> Duration {
     crate::plugin::RESEND_EVERY.max(probe_interval).saturating_mul(3)
 }
 
-pub(super) fn started_at() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
-
 /// Keeps the kubelet's device health list (every device, its state and why) up to date
 /// with the inventory and the GPUs' health.
 pub(super) async fn list_device_health(

@@ -176,6 +176,16 @@ pub struct Inventory {
     pub counter_sets: Vec<CounterSet>,
 }
 
+impl Device {
+    /// A `string` or `version` attribute's text (empty when absent or of another type).
+    pub fn text(&self, key: &str) -> String {
+        match self.attributes.get(key) {
+            Some(AttributeValue::String(v) | AttributeValue::Version(v)) => v.clone(),
+            _ => String::new(),
+        }
+    }
+}
+
 impl Inventory {
     /// The device called `name`, if any.
     pub fn device(&self, name: &str) -> Option<&Device> {

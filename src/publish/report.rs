@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::desired::{NodeIdentity, desired_slices, quantity, with_stable_name};
 use crate::config::Config;
-use crate::inventory::{AttributeValue, Inventory, InventoryError, backend_from_config};
+use crate::inventory::{Inventory, InventoryError, backend_from_config};
 
 /// How to print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,12 +83,8 @@ fn table(cfg: &Config, inv: &Inventory, slice_count: usize) -> String {
         .devices
         .iter()
         .map(|d| {
-            let text = |k: &str| match d.attributes.get(k) {
-                Some(AttributeValue::String(s)) => s.clone(),
-                _ => String::new(),
-            };
             let memory = d.capacity.get("memory").map(|m| quantity(*m)).unwrap_or_default();
-            [d.name.clone(), text("type"), d.uuid.clone(), text("productName"), memory]
+            [d.name.clone(), d.text("type"), d.uuid.clone(), d.text("productName"), memory]
         })
         .collect();
     let header = ["NAME", "TYPE", "UUID", "PRODUCT", "MEMORY"].map(String::from);

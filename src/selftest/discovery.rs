@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::Serialize;
 
 use super::{Check, Context, Status};
-use crate::inventory::{AttributeValue, Device, DeviceBackend, DeviceKind, Inventory};
+use crate::inventory::{Device, DeviceBackend, DeviceKind, Inventory};
 use crate::publish::desired::{NodeIdentity, desired_slices, quantity};
 
 /// What discovery found about one GPU.
@@ -66,15 +66,6 @@ pub fn versions(inv: &Inventory) -> String {
     )
 }
 
-fn text(d: &Device, key: &str) -> String {
-    match d.attributes.get(key) {
-        Some(AttributeValue::String(s) | AttributeValue::Version(s)) => s.clone(),
-        Some(AttributeValue::Int(i)) => i.to_string(),
-        Some(AttributeValue::Bool(b)) => b.to_string(),
-        None => String::new(),
-    }
-}
-
 /// The facts of every GPU of `inv` (MIG devices and slots are listed as published devices
 /// of their parent).
 pub fn facts(ctx: &Context, backend: &Arc<dyn DeviceBackend>, inv: &Inventory) -> Vec<GpuFacts> {
@@ -87,13 +78,13 @@ pub fn facts(ctx: &Context, backend: &Arc<dyn DeviceBackend>, inv: &Inventory) -
         let mut f = GpuFacts {
             name: d.name.clone(),
             uuid: d.uuid.clone(),
-            product: text(d, "productName"),
+            product: d.text("productName"),
             memory: d.capacity.get("memory").copied().unwrap_or(0),
-            architecture: text(d, "architecture"),
-            compute_capability: text(d, "cudaComputeCapability"),
+            architecture: d.text("architecture"),
+            compute_capability: d.text("cudaComputeCapability"),
             driver_version: inv.driver_version.clone().unwrap_or_default(),
             cuda_driver_version: inv.cuda_driver_version.clone().unwrap_or_default(),
-            pci_bus_id: text(d, crate::inventory::attributes::PCI_BUS_ID),
+            pci_bus_id: d.text(crate::inventory::attributes::PCI_BUS_ID),
             compute_mode: match backend.compute_mode(&d.uuid) {
                 Ok(m) => format!("{m:?}"),
                 Err(e) => format!("unreadable: {}", crate::util::error_chain(&e)),

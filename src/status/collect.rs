@@ -11,7 +11,7 @@ use super::{
     ClaimDeviceStatus, ClaimStatus, ConditionStatus, GpuStatus, MigStatus, MpsStatus, NodeStatus, TaintStatus,
 };
 use crate::health::HealthSnapshot;
-use crate::inventory::{AttributeValue, Device, DeviceBackend, DeviceKind, Inventory};
+use crate::inventory::{DeviceBackend, DeviceKind, Inventory};
 use crate::mig::OwnedInstances;
 use crate::plugin::RegistrationState;
 use crate::prepare::in_use::PodsInUse;
@@ -35,13 +35,6 @@ pub struct StatusSources {
     pub started_at: i64,
 }
 
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
 /// The view now (blocking: reads the store and asks the backend for compute modes).
 pub fn collect(s: &StatusSources) -> NodeStatus {
     let inv = s.inventory.borrow().clone();
@@ -59,20 +52,13 @@ pub fn collect(s: &StatusSources) -> NodeStatus {
         node: s.node.clone(),
         backend: s.backend.name().into(),
         started_at: s.started_at,
-        now: now(),
+        now: crate::health::view::unix_secs(std::time::SystemTime::now()),
         kubelet_registered: s.registration.borrow().is_registered(),
         slices_in_sync: publish.in_sync,
         publish_error: publish.last_error,
         pods_known: s.pods.is_current(),
         gpus: gpus.into_values().collect(),
         claims: claims.iter().map(|c| claim(s, c, &inv)).collect(),
-    }
-}
-
-fn text(d: &Device, key: &str) -> String {
-    match d.attributes.get(key) {
-        Some(AttributeValue::String(v) | AttributeValue::Version(v)) => v.clone(),
-        _ => String::new(),
     }
 }
 
@@ -109,7 +95,7 @@ fn gpus(
             GpuStatus {
                 name: d.name.clone(),
                 uuid: d.uuid.clone(),
-                product: text(d, "productName"),
+                product: d.text("productName"),
                 memory: d.capacity.get("memory").copied().unwrap_or(0),
                 health: state.as_str().into(),
                 conditions: conditions
