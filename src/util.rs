@@ -114,6 +114,49 @@ pub fn set_dir_mode(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
 /// parsed but rewrites the number canonically, so a plain integer is not always returned
 /// unchanged (`85000000000` comes back as `85G`); writing the canonical text keeps a
 /// read-back slice equal to the desired one.
+/// Reads `pipe` to its end on a thread of its own (so the writer never blocks on a full
+/// pipe), keeping the first `limit` bytes.
+pub fn read_capped<R: std::io::Read + Send + 'static>(
+    pipe: Option<R>,
+    limit: usize,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let room = limit.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+        kept
+    })
+}
+
+/// Waits for `child` at most `limit`, looking every `poll`: its exit status, or `None` when
+/// it was still running at the limit (it is then killed and reaped).
+pub fn wait_bounded(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+    poll: std::time::Duration,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(poll);
+    }
+}
+
 /// fsyncs a file or directory by path.
 pub fn sync_path(path: &std::path::Path) -> std::io::Result<()> {
     std::fs::File::open(path)?.sync_all()
@@ -178,6 +221,23 @@ pub(crate) mod planted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_past_its_limit_is_killed_and_its_output_capped() {
+        use std::process::{Command, Stdio};
+        use std::time::{Duration, Instant};
+        let mut slow = Command::new("sleep").arg("30").spawn().unwrap();
+        let started = Instant::now();
+        let waited = wait_bounded(&mut slow, Duration::from_millis(100), Duration::from_millis(5)).unwrap();
+        assert!(waited.is_none() && started.elapsed() < Duration::from_secs(10));
+        assert!(slow.try_wait().unwrap().is_some(), "killed and reaped");
+        let mut chatty =
+            Command::new("sh").args(["-c", "head -c 200000 /dev/zero; exit 3"]).stdout(Stdio::piped()).spawn().unwrap();
+        let out = read_capped(chatty.stdout.take(), 1000);
+        let status = wait_bounded(&mut chatty, Duration::from_secs(30), Duration::from_millis(5)).unwrap();
+        assert_eq!(status.and_then(|s| s.code()), Some(3), "it ran to its end: the pipe never filled");
+        assert_eq!(out.join().unwrap().len(), 1000);
+    }
 
     #[test]
     fn a_stale_temp_file_or_a_link_planted_under_its_name_is_replaced_not_followed() {

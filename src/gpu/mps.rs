@@ -349,18 +349,8 @@ impl Supervisor {
             // A client that exits early closes the pipe: its status says what happened.
             let _ = writeln!(stdin, "{line}");
         }
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait().map_err(spawn_err)? {
-                return Ok(status.success());
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Ok(false);
-            }
-            std::thread::sleep(POLL);
-        }
+        let status = crate::util::wait_bounded(&mut child, limit, POLL).map_err(spawn_err)?;
+        Ok(status.is_some_and(|s| s.success()))
     }
 
     /// `-d` in a mount namespace of its own, where `dirs.shm` is `/dev/shm`.
@@ -480,21 +470,15 @@ impl MpsDaemons for Supervisor {
                 _ => MpsError::Spawn { path: s.control.clone(), source },
             })?;
         // `-d` forks the daemon and returns at once.
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if started.elapsed() >= s.ready_timeout => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(MpsError::NotReady {
-                        what: "`-d` did not return".into(),
-                        waited: s.ready_timeout,
-                        log: log_tail(&dirs),
-                    });
-                }
-                Ok(None) => std::thread::sleep(POLL),
-                Err(source) => return Err(MpsError::Spawn { path: s.control.clone(), source }),
-            }
+        let left = s.ready_timeout.saturating_sub(started.elapsed());
+        let waited = crate::util::wait_bounded(&mut child, left, POLL)
+            .map_err(|source| MpsError::Spawn { path: s.control.clone(), source })?;
+        let Some(status) = waited else {
+            return Err(MpsError::NotReady {
+                what: "`-d` did not return".into(),
+                waited: s.ready_timeout,
+                log: log_tail(&dirs),
+            });
         };
         if !status.success() {
             return Err(MpsError::Start { path: s.control.clone(), status: status.to_string(), log: log_tail(&dirs) });

@@ -1,10 +1,9 @@
 //! The time-slice interval of a full GPU, set with the host's `nvidia-smi compute-policy`:
 //! NVML has no public call for it. The interval is a property of the physical GPU.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::GpuError;
 use crate::device_config::Interval;
@@ -78,35 +77,11 @@ impl NvidiaSmi {
         }
         let spawn_err = |source| GpuError::Spawn { command: command.clone(), source };
         let mut child = spawn_retrying(&mut cmd).map_err(spawn_err)?;
-        let stderr = child.stderr.take();
-        let reader = std::thread::spawn(move || {
-            let mut out = Vec::new();
-            if let Some(s) = stderr {
-                // Read it all (so the child never blocks on a full pipe), keep the start.
-                let mut buf = [0u8; 4096];
-                let mut s = s;
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    let room = STDERR_LIMIT.saturating_sub(out.len());
-                    out.extend_from_slice(&buf[..n.min(room)]);
-                }
-            }
-            out
-        });
-        let deadline = Instant::now() + self.timeout;
-        let status = loop {
-            match child.try_wait().map_err(spawn_err)? {
-                Some(status) => break status,
-                None if Instant::now() >= deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    let _ = reader.join();
-                    return Err(GpuError::Timeout { command, seconds: self.timeout.as_secs() });
-                }
-                None => std::thread::sleep(Duration::from_millis(5)),
-            }
+        let reader = crate::util::read_capped(child.stderr.take(), STDERR_LIMIT);
+        let waited = crate::util::wait_bounded(&mut child, self.timeout, Duration::from_millis(5));
+        let Some(status) = waited.map_err(spawn_err)? else {
+            let _ = reader.join();
+            return Err(GpuError::Timeout { command, seconds: self.timeout.as_secs() });
         };
         let stderr = reader.join().unwrap_or_default();
         if status.success() {

@@ -16,6 +16,8 @@ use super::{Check, Context};
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 /// Binds `$1` over `/run/cdi` and runs the rest (in the private namespace).
 const BIND_AND_RUN: &str = r#"mkdir -p /run/cdi && mount --bind "$1" /run/cdi && shift && exec "$@""#;
+/// How much of each output stream is kept.
+const CAPTURE: usize = 64 << 10;
 /// How much of its output is shown.
 const OUTPUT_LIMIT: usize = 2048;
 
@@ -25,6 +27,23 @@ fn find_runtime(ctx: &Context) -> Option<PathBuf> {
     }
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join("podman")).find(|p| p.is_file())
+}
+
+/// Runs `cmd` with its output captured (at most [`CAPTURE`] bytes of each stream kept), killed
+/// after [`RUN_TIMEOUT`]: `None` then (its output, which its own children may still hold
+/// open, is not waited for).
+fn run_bounded(mut cmd: std::process::Command) -> std::io::Result<Option<std::process::Output>> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let out = crate::util::read_capped(child.stdout.take(), CAPTURE);
+    let err = crate::util::read_capped(child.stderr.take(), CAPTURE);
+    let Some(status) = crate::util::wait_bounded(&mut child, RUN_TIMEOUT, Duration::from_millis(20))? else {
+        return Ok(None);
+    };
+    Ok(Some(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }))
 }
 
 /// The `container` check for CDI devices `ids` of GPU `gpu`.
@@ -55,11 +74,11 @@ pub async fn check(ctx: &Context, gpu: &str, ids: &[String]) -> Check {
     }
     cmd.arg(image).args(&command).stdin(Stdio::null());
     let what = format!("{} run {image} {}", runtime.display(), command.join(" "));
-    let out = match tokio::time::timeout(RUN_TIMEOUT, tokio::task::spawn_blocking(move || cmd.output())).await {
-        Ok(Ok(Ok(out))) => out,
-        Ok(Ok(Err(e))) => return Check::fail("container", Some(gpu), started, format!("cannot run {what}: {e}"), ""),
+    let out = match tokio::task::spawn_blocking(move || run_bounded(cmd)).await {
+        Ok(Ok(Some(out))) => out,
         Ok(Err(e)) => return Check::fail("container", Some(gpu), started, format!("cannot run {what}: {e}"), ""),
-        Err(_) => {
+        Err(e) => return Check::fail("container", Some(gpu), started, format!("cannot run {what}: {e}"), ""),
+        Ok(Ok(None)) => {
             let detail = format!("{what} did not end within {}s", RUN_TIMEOUT.as_secs());
             return Check::fail("container", Some(gpu), started, detail, "check the runtime and the image");
         }

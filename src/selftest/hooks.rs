@@ -98,25 +98,17 @@ fn run_hook(hook: &Hook, state: &str) -> Result<(), String> {
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(state.as_bytes());
     }
-    let started = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => {
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&mut e, 4096), &mut err);
-                }
-                return Err(format!("exited with {status}: {}", err.trim()));
+    match crate::util::wait_bounded(&mut child, HOOK_TIMEOUT, Duration::from_millis(5)) {
+        Ok(Some(status)) if status.success() => Ok(()),
+        Ok(Some(status)) => {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut std::io::Read::take(&mut e, 4096), &mut err);
             }
-            Ok(None) if started.elapsed() > HOOK_TIMEOUT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("still running after {}s", HOOK_TIMEOUT.as_secs()));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(format!("cannot wait for it: {e}")),
+            Err(format!("exited with {status}: {}", err.trim()))
         }
+        Ok(None) => Err(format!("still running after {}s", HOOK_TIMEOUT.as_secs())),
+        Err(e) => Err(format!("cannot wait for it: {e}")),
     }
 }
 
