@@ -448,5 +448,4 @@ pub fn update_ldcache(stdin: impl Read, folders: &[PathBuf], ldconfig: Option<&P
 }
 
 #[cfg(test)]
-#[path = "hook_tests.rs"]
 mod tests;

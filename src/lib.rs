@@ -58,11 +58,8 @@ pub mod status;
 pub mod telemetry;
 pub mod util;
 
-/// Log lines captured on a test's thread (shared with the integration tests).
 #[cfg(test)]
-#[allow(dead_code)] // what only the integration tests use
-#[path = "../tests/it/support/captured_logs.rs"]
-mod captured_logs;
+mod test_support;
 
 /// edra's version (see [`util::VERSION`]).
 pub use util::VERSION;

@@ -244,5 +244,4 @@ fn slot_device(gpu: &MigGpu, profile: &MigProfile, placement: Placement, set: &s
 }
 
 #[cfg(test)]
-#[path = "mig_tests.rs"]
 pub(crate) mod tests;

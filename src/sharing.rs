@@ -143,5 +143,4 @@ fn replica(d: &Device, k: u32, n: u32) -> Device {
 }
 
 #[cfg(test)]
-#[path = "sharing_tests.rs"]
 mod tests;

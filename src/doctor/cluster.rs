@@ -413,5 +413,4 @@ async fn claim_status(cfg: &Config, client: &Client) -> CheckResult {
 }
 
 #[cfg(test)]
-#[path = "cluster_tests.rs"]
 mod tests;

@@ -311,5 +311,4 @@ pub fn registration(cfg: &Config) -> CheckResult {
 }
 
 #[cfg(test)]
-#[path = "host_tests.rs"]
 mod tests;

@@ -227,5 +227,4 @@ pub fn container_runtime(rt: &RuntimeConfigPaths, dynamic_dir: &Path) -> CheckRe
 }
 
 #[cfg(test)]
-#[path = "runtime_tests.rs"]
 mod tests;

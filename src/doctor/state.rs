@@ -240,5 +240,4 @@ fn recorded_claims(store: &Store, spec_uids: &[String], found: &mut Findings) {
 }
 
 #[cfg(test)]
-#[path = "state_tests.rs"]
 mod tests;

@@ -550,5 +550,4 @@ impl MpsDaemons for Supervisor {
 }
 
 #[cfg(test)]
-#[path = "mps_tests.rs"]
 pub(crate) mod tests;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 /// The script. Fails (exit 4, the rest of `nvidia-smi.fail` on stderr) when
 /// `nvidia-smi.fail` exists and its first line is `*` or occurs in the arguments.
-pub const SCRIPT: &str = include_str!("../../tests/it/support/nvidia-smi.sh");
+pub const SCRIPT: &str = include_str!("../test_support/nvidia-smi.sh");
 
 /// A stand-in `nvidia-smi` in its own directory.
 pub struct FakeNvidiaSmi {
@@ -113,7 +113,7 @@ impl super::ComputeModes for FileModes {
 /// on. Files beside the script steer it: `mps.crash` (the daemon exits at once, logging
 /// why), `mps.hang` (it ignores `quit`), `mps.mute` (it never answers), `mps.refuse` (commands starting with its text fail). The daemon creates
 /// `/dev/shm/edra-mps-stand-in.<pid>`, which shows which `/dev/shm` it sees.
-pub const MPS_SCRIPT: &str = include_str!("../../tests/it/support/nvidia-cuda-mps-control.sh");
+pub const MPS_SCRIPT: &str = include_str!("../test_support/nvidia-cuda-mps-control.sh");
 
 /// The stand-in `nvidia-cuda-mps-control` in its own directory.
 pub struct FakeMpsControl {

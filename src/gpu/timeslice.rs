@@ -113,5 +113,4 @@ fn spawn_retrying(cmd: &mut Command) -> std::io::Result<std::process::Child> {
 }
 
 #[cfg(test)]
-#[path = "timeslice_tests.rs"]
 mod tests;

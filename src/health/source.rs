@@ -308,5 +308,4 @@ fn read_from(path: &std::path::Path, offset: &mut u64) -> std::io::Result<Vec<u8
 }
 
 #[cfg(test)]
-#[path = "source_tests.rs"]
 mod tests;

@@ -347,5 +347,4 @@ pub fn merge(existing: &mut Condition, incoming: Condition) -> bool {
 }
 
 #[cfg(test)]
-#[path = "view_tests.rs"]
 mod tests;

@@ -137,5 +137,4 @@ fn bind_read_only(src: &Path, dst: &Path) -> io::Result<()> {
 }
 
 #[cfg(test)]
-#[path = "device_params_tests.rs"]
 mod tests;

@@ -183,5 +183,4 @@ pub fn create_symlinks(stdin: impl Read, links: &[String]) -> Result<(), HookErr
 }
 
 #[cfg(test)]
-#[path = "symlinks_tests.rs"]
 mod tests;

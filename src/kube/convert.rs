@@ -137,5 +137,4 @@ fn requests(v: &mut Value) -> impl Iterator<Item = &mut Value> {
 }
 
 #[cfg(test)]
-#[path = "convert_tests.rs"]
 mod tests;

@@ -206,5 +206,4 @@ fn watch(path: &str, field_selector: &str, resource_version: &str, timeout_secon
 }
 
 #[cfg(test)]
-#[path = "request_tests.rs"]
 mod tests;

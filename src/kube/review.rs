@@ -191,5 +191,4 @@ impl Client {
 }
 
 #[cfg(test)]
-#[path = "review_tests.rs"]
 mod tests;

@@ -381,5 +381,4 @@ impl Client {
 }
 
 #[cfg(test)]
-#[path = "watcher_tests.rs"]
 mod tests;

@@ -217,5 +217,4 @@ pub fn base_request(request: &str) -> &str {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

@@ -303,5 +303,4 @@ impl DriverFilesCache {
 }
 
 #[cfg(test)]
-#[path = "driver_files_tests.rs"]
 mod tests;

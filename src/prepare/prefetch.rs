@@ -347,5 +347,4 @@ impl ClaimSource for Prefetcher {
 }
 
 #[cfg(test)]
-#[path = "prefetch_tests.rs"]
 mod tests;

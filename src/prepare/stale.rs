@@ -406,5 +406,4 @@ async fn learn_node_identity(
 }
 
 #[cfg(test)]
-#[path = "tests_stale.rs"]
 mod tests;

@@ -31,8 +31,6 @@ pub mod fresh;
 pub mod record;
 #[cfg(test)]
 pub(crate) mod tests;
-#[cfg(test)]
-mod tests_fresh;
 
 use std::fs::{DirBuilder, File};
 use std::io;

@@ -336,5 +336,4 @@ async fn connection(stream: TcpStream, endpoints: Arc<Endpoints>, mut shutdown: 
 }
 
 #[cfg(test)]
-#[path = "http_tests.rs"]
 mod tests;

@@ -226,5 +226,4 @@ pub fn watchdog_timeout(usec: Option<&str>, pid: Option<&str>, own_pid: u32) -> 
 }
 
 #[cfg(test)]
-#[path = "sdnotify_tests.rs"]
 mod tests;

@@ -105,7 +105,7 @@ async fn bad_sharing_input_fails_only_its_claim_and_leaves_the_gpus_alone() {
     assert!(error(&mps_block).contains("sharing.mps is set but sharing.strategy is not MPS"), "{}", error(&mps_block));
     assert!(error(&on_mig).contains(&format!("cannot apply to MIG device {mig}")), "{}", error(&on_mig));
     // Without admin access a device is allocated once per claim: refused before its configs
-    // are compared (with admin access they are, src/prepare/tests_sharing.rs).
+    // are compared (with admin access they are, src/prepare/tests/sharing.rs).
     assert!(
         error(&disagree).contains("device gpu-0 is allocated twice in the claim (requests a and b)"),
         "{}",

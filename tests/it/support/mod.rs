@@ -3,7 +3,9 @@
 
 pub mod agent;
 pub mod apiserver;
+#[path = "../../../src/test_support/captured_logs.rs"]
 pub mod captured_logs;
+#[path = "../../../src/test_support/cc.rs"]
 pub mod cc;
 pub mod inotify;
 pub mod kubelet;

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-const SCRIPT: &str = include_str!("nvidia-cuda-mps-control.sh");
+const SCRIPT: &str = include_str!("../../../src/test_support/nvidia-cuda-mps-control.sh");
 
 /// The stand-in at a path.
 pub struct FakeMpsControl {

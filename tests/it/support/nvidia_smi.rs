@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 /// Fails (exit 4, the rest of `nvidia-smi.fail` on stderr) when `nvidia-smi.fail` exists
 /// and its first line is `*` or occurs in the arguments.
-const SCRIPT: &str = include_str!("nvidia-smi.sh");
+const SCRIPT: &str = include_str!("../../../src/test_support/nvidia-smi.sh");
 
 /// The stand-in at a path.
 pub struct FakeNvidiaSmi {

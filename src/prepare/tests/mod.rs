@@ -441,23 +441,13 @@ async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
     assert!(offline.store().claims().unwrap().is_empty());
 }
 
-#[path = "tests_cancel.rs"]
 mod cancel;
-#[path = "tests_lazy.rs"]
 mod lazy;
-#[path = "tests_mig.rs"]
 mod mig;
-#[path = "tests_mps.rs"]
 mod mps_claims;
-#[path = "tests_recovery.rs"]
 mod recovery;
-#[path = "tests_shares.rs"]
 mod shares;
-#[path = "tests_shares_mps.rs"]
 mod shares_mps;
-#[path = "tests_sharing.rs"]
 mod sharing;
-#[path = "tests_cdi.rs"]
 mod spec;
-#[path = "tests_stage.rs"]
 mod stage;

@@ -3,8 +3,8 @@
 //! down) does not refuse a later claim of its devices once the API server says it is gone.
 
 use super::*;
-use crate::captured_logs::CapturedLogs;
 use crate::state::tests::as_on_disk;
+use crate::test_support::captured_logs::CapturedLogs;
 
 fn spec_path(f: &Fixture, uid: &str) -> PathBuf {
     f.cdi_dir().join(format!("k8s.gpu.edra.dev-claim_{uid}.json"))

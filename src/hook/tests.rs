@@ -6,10 +6,7 @@ use std::process::Command;
 
 use super::*;
 
-/// The tests' C compiler helper (honours `CC`), shared with the integration tests.
-mod cc {
-    include!("../tests/it/support/cc.rs");
-}
+use crate::test_support::cc;
 
 struct Bundle {
     _tmp: tempfile::TempDir,

@@ -1,7 +1,7 @@
 //! The mock events file: lines, events, and what an overlong or bad line costs.
 
 use super::*;
-use crate::captured_logs;
+use crate::test_support::captured_logs;
 
 #[test]
 fn lines_name_events_by_gpu_index() {

@@ -1,10 +1,10 @@
-//! Tests of a claim's first record made without a transaction ([`super::fresh`]), on real
+//! Tests of a claim's first record made without a transaction ([`crate::state::fresh`]), on real
 //! sled in temp dirs.
 
 use std::sync::{Arc, Barrier};
 
-use super::tests::{as_on_disk, device, record, share_of};
-use super::*;
+use super::{as_on_disk, device, record, share_of};
+use crate::state::*;
 
 /// A completed record of claim `uid` holding `devices` exclusively.
 fn completed_on(uid: &str, devices: &[&str]) -> ClaimRecord {

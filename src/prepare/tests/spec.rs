@@ -1,5 +1,5 @@
 //! CDI naming, minimum versions, the validator, driver file discovery, and generated specs
-//! checked against the CDI project's JSON schema (tests/data/cdi-schema).
+//! checked against the CDI project's JSON schema (src/test_support/cdi-schema).
 
 use super::*;
 use crate::prepare::cdi::{CdiDevice, ContainerEdits, DeviceNode, Hook, Mount, Spec};
@@ -15,14 +15,14 @@ pub(super) fn schema_validator() -> jsonschema::Validator {
             uri: &jsonschema::Uri<String>,
         ) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
             if uri.as_str().ends_with("defs.json") {
-                Ok(serde_json::from_str(include_str!("../../tests/data/cdi-schema/defs.json"))?)
+                Ok(serde_json::from_str(include_str!("../../test_support/cdi-schema/defs.json"))?)
             } else {
                 Err(format!("unexpected schema reference {uri}").into())
             }
         }
     }
     let schema: serde_json::Value =
-        serde_json::from_str(include_str!("../../tests/data/cdi-schema/schema.json")).unwrap();
+        serde_json::from_str(include_str!("../../test_support/cdi-schema/schema.json")).unwrap();
     jsonschema::options().with_retriever(Local).build(&schema).unwrap()
 }
 

@@ -1,6 +1,5 @@
-// The C compiler for test libraries (the NVML stand-in, the hook test's library), shared
-// by the integration tests and, through `include!`, by the library's unit tests. No inner
-// attributes or `//!` docs here, so the file can be included.
+//! The C compiler for test libraries (the NVML stand-in, the hook test's library), shared
+//! by the library's unit tests and the integration tests.
 
 /// The C compiler as make and cc-rs choose it: `CC` when set (it may carry arguments,
 /// e.g. `ccache gcc`), otherwise `cc`.

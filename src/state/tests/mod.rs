@@ -536,3 +536,5 @@ fn holdings_whose_record_is_gone_hold_nothing_and_recovery_drops_them() {
     let (_again, reopened) = as_on_disk(&path);
     assert_eq!(reopened.holder("gpu-0").unwrap(), None, "the drop was durable");
 }
+
+mod fresh;

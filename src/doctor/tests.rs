@@ -1,0 +1,24 @@
+
+use super::*;
+
+/// A small report shared by the doctor's tests.
+pub(crate) fn report() -> Report {
+    Report {
+        checks: vec![
+            CheckResult::pass("backend", "NVML 550.54.15, 2 GPUs"),
+            CheckResult::new("state", Status::Warn, "mode 0755", "chmod 700 /var/lib/edra"),
+        ],
+    }
+}
+
+#[test]
+fn exit_code_is_one_only_when_a_check_fails() {
+    let mut r = report();
+    assert_eq!(r.worst(), Status::Warn);
+    assert_eq!(r.exit_code(), 0);
+    r.checks.push(CheckResult::skip("api-permissions", "API server not reachable"));
+    assert_eq!(r.exit_code(), 0);
+    r.checks.push(CheckResult::new("api-server", Status::Fail, "connection refused", "start it"));
+    assert_eq!((r.worst(), r.exit_code()), (Status::Fail, 1));
+    assert_eq!(Report::default().exit_code(), 0);
+}

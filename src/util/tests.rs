@@ -1,0 +1,84 @@
+
+use super::*;
+
+#[test]
+fn a_child_past_its_limit_is_killed_and_its_output_capped() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let mut slow = Command::new("sleep").arg("30").spawn().unwrap();
+    let started = Instant::now();
+    let waited = wait_bounded(&mut slow, Duration::from_millis(100), Duration::from_millis(5)).unwrap();
+    assert!(waited.is_none() && started.elapsed() < Duration::from_secs(10));
+    assert!(slow.try_wait().unwrap().is_some(), "killed and reaped");
+    let mut chatty =
+        Command::new("sh").args(["-c", "head -c 200000 /dev/zero; exit 3"]).stdout(Stdio::piped()).spawn().unwrap();
+    let out = read_capped(chatty.stdout.take(), 1000);
+    let status = wait_bounded(&mut chatty, Duration::from_secs(30), Duration::from_millis(5)).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(3), "it ran to its end: the pipe never filled");
+    assert_eq!(out.join().unwrap().len(), 1000);
+}
+
+#[test]
+fn a_stale_temp_file_or_a_link_planted_under_its_name_is_replaced_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, tmp, elsewhere) = (dir.path().join("f"), dir.path().join(".f.tmp"), dir.path().join("elsewhere"));
+    std::fs::write(&tmp, b"stale").unwrap();
+    write_atomically(&path, &tmp, b"one", 0o640).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"one");
+    assert!(!tmp.exists());
+    std::fs::write(&elsewhere, b"keep").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &tmp).unwrap();
+    write_atomically(&path, &tmp, b"two", 0o640).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"two");
+    assert_eq!(std::fs::read(&elsewhere).unwrap(), b"keep");
+    assert!(std::fs::symlink_metadata(&tmp).is_err());
+    use std::os::unix::fs::PermissionsExt;
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o640);
+}
+
+#[test]
+fn a_directory_mode_is_set_on_the_directory_never_through_a_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, target, link) = (tmp.path().join("d"), tmp.path().join("target"), tmp.path().join("link"));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::create_dir(&target).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+    set_dir_mode(&dir, 0o1777).unwrap();
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777, 0o1777);
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let err = set_dir_mode(&link, 0o1777).unwrap_err();
+    assert!(err.to_string().contains("is a symbolic link; edra does not follow it"), "{err}");
+    assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777, 0o755);
+}
+
+#[test]
+fn a_failed_create_leaves_the_file_as_it_was_and_no_temp_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, tmp) = (dir.path().join("f"), dir.path().join(".f.tmp"));
+    std::fs::write(&path, b"old").unwrap();
+    let mut calls = 0;
+    let err = replace_atomically(&path, &tmp, |tmp| {
+        calls += 1;
+        std::fs::write(tmp, b"half")?;
+        Err(std::io::Error::other("disk full"))
+    })
+    .unwrap_err();
+    assert_eq!(err.to_string(), "disk full");
+    assert_eq!(calls, 1);
+    assert_eq!(std::fs::read(&path).unwrap(), b"old");
+    assert!(!tmp.exists());
+    // Exclusive creation that keeps finding the name taken gives up after one removal.
+    let mut calls = 0;
+    let err = replace_atomically(&path, &tmp, |tmp| {
+        calls += 1;
+        std::fs::write(tmp, b"x")?;
+        Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists))
+    })
+    .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+    assert_eq!(calls, 2);
+    assert_eq!(std::fs::read(&path).unwrap(), b"old");
+    assert!(!tmp.exists());
+}
