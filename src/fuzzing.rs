@@ -112,10 +112,4 @@ pub fn hook_args(link: &str, params: &str) -> (Result<PathBuf, String>, Option<S
 }
 
 #[cfg(test)]
-mod hostile;
-#[cfg(test)]
-mod props_authority;
-#[cfg(test)]
-mod props_hook;
-#[cfg(test)]
-mod props_kube;
+mod tests;

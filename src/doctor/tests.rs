@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// A small report shared by the doctor's tests.

@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// Takes the locks once free. A test elsewhere in this process that forks a child copies
@@ -50,7 +49,7 @@ fn a_stale_file_from_a_dead_process_does_not_block() {
 
 #[test]
 fn a_link_planted_by_another_user_is_refused_and_its_target_kept() {
-    use crate::util::planted;
+    use crate::test_support::planted;
     use std::os::unix::fs::PermissionsExt;
     if !planted::is_root() {
         eprintln!("skipped: planting a link as another user needs root");

@@ -35,9 +35,3 @@ pub use watcher::Event;
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod testserver;
-#[cfg(test)]
-mod transport_tests;
-#[cfg(test)]
-mod watch_tests;

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn os(s: &str) -> Option<&OsStr> {

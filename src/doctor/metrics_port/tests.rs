@@ -1,4 +1,3 @@
-
 use super::*;
 
 const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode

@@ -1,4 +1,3 @@
-
 use super::super::CheckResult;
 use super::super::tests::report;
 use super::*;

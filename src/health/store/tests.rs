@@ -1,4 +1,3 @@
-
 use super::super::view::{Condition, ConditionKind};
 use super::*;
 

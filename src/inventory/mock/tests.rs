@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::config::{LoadContext, MockMig, Overrides};
 use crate::inventory::{AttributeValue, DeviceKind};

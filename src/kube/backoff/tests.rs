@@ -1,4 +1,3 @@
-
 use super::*;
 
 #[tokio::test(start_paused = true)]

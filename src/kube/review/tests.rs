@@ -4,9 +4,9 @@
 
 use serde_json::json;
 
-use super::super::testserver::{Pki, Reply, TestServer};
-use super::super::transport_tests::{fast, script};
 use super::*;
+use crate::kube::tests::testserver::{Pki, Reply, TestServer};
+use crate::kube::tests::transport::{fast, script};
 
 async fn setup(replies: Vec<Reply>) -> (Pki, TestServer, Client) {
     let pki = Pki::new("test-ca");

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn claim(ns: &str, name: &str, uid: &str) -> ClaimRef {

@@ -1,4 +1,3 @@
-
 use super::super::proto::health_v1alpha1 as proto;
 use super::super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealth;
 use super::*;

@@ -1,9 +1,8 @@
-
 use super::*;
 
 #[test]
 fn a_link_planted_at_edras_own_directory_is_refused_and_its_target_keeps_its_mode() {
-    use crate::util::planted;
+    use crate::test_support::planted;
     if !planted::is_root() {
         eprintln!("skipped: planting a link as another user needs root");
         return;

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn pod(name: &str, ended: bool, claims: &[&str]) -> PodClaims {

@@ -1,6 +1,5 @@
-
 use super::check_cdi_dir;
-use crate::util::planted;
+use crate::test_support::planted;
 
 #[test]
 fn the_write_check_removes_a_link_planted_under_its_name_without_writing_through_it() {

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::health::view::{Event, HealthView, Rules};
 use crate::inventory::{Device, DeviceKind, MigInfo};

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::gpu::mig::Placement;
 use crate::inventory::MigInfo;

@@ -1,4 +1,3 @@
-
 use crate::config::{Config, LoadContext, Overrides};
 use crate::gpu::mig::{MigError, Placement};
 use crate::inventory::mock::MockBackend;

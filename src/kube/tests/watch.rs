@@ -12,8 +12,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::testserver::{Handler, Pki, Reply, Seen, TestServer};
-use super::transport_tests::{fast, slice};
-use super::*;
+use super::transport::{fast, slice};
+use crate::kube::*;
 
 type Queue = Arc<Mutex<VecDeque<Reply>>>;
 

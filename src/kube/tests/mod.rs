@@ -425,3 +425,7 @@ fn a_retry_after_header_is_any_non_negative_number_and_nothing_else() {
         assert_eq!(e.api().unwrap().retry_after, want, "retryAfterSeconds: {secs}");
     }
 }
+
+pub(crate) mod testserver;
+pub(crate) mod transport;
+mod watch;

@@ -223,7 +223,7 @@ proptest! {
         let mut stream = PREFACE.to_vec();
         stream.extend(input);
         let pieces: Vec<&[u8]> = stream.chunks(piece).collect();
-        let _ = super::authority(&pieces);
+        let _ = crate::fuzzing::authority(&pieces);
     }
 
     #[test]
@@ -236,7 +236,7 @@ proptest! {
             frame(&mut stream, HEADERS, flags | END_HEADERS, 1, block);
         }
         let pieces: Vec<&[u8]> = stream.chunks(piece).collect();
-        let _ = super::authority(&pieces);
+        let _ = crate::fuzzing::authority(&pieces);
     }
 
     #[test]

@@ -114,7 +114,7 @@ fn text(v: &Value) -> Vec<u8> {
 
 fn assert_kubeconfig(path: &Path, input: &[u8]) {
     for context in [None, Some("edra")] {
-        if let Err(e) = super::kubeconfig(path, input, context)
+        if let Err(e) = crate::fuzzing::kubeconfig(path, input, context)
             && std::str::from_utf8(input).is_ok()
         {
             assert!(e.starts_with(&format!("kubeconfig {}", path.display())), "error does not name the file: {e}");
@@ -132,7 +132,7 @@ proptest! {
 
     #[test]
     fn gpu_config_never_panics(input in prop_oneof![bytes(256), soup(CONFIG_KEYS), deep()]) {
-        let _ = super::gpu_config(&input);
+        let _ = crate::fuzzing::gpu_config(&input);
     }
 
     #[test]
@@ -141,7 +141,7 @@ proptest! {
         header in prop_oneof![Just(None), Just(Some(u64::MAX)), any::<u64>().prop_map(Some)],
         body in prop_oneof![bytes(2_048), soup(STATUS_KEYS), deep()],
     ) {
-        let (err, _) = super::status(code, &body, header);
+        let (err, _) = crate::fuzzing::status(code, &body, header);
         let api = err.api().expect("an HTTP status gives an API error");
         prop_assert_eq!(api.code, code);
         if header.is_some() {
@@ -158,7 +158,7 @@ proptest! {
         let mut v = serde_json::to_value(&c).expect("serializes");
         v["apiVersion"] = json!("gpu.edra.dev/v1alpha1");
         v["kind"] = json!("GpuConfig");
-        prop_assert_eq!(super::gpu_config(&text(&v)), Ok(c));
+        prop_assert_eq!(crate::fuzzing::gpu_config(&text(&v)), Ok(c));
     }
 
 }
@@ -177,7 +177,7 @@ proptest! {
     fn gpu_config_decodes_hostile_structure_to_a_valid_config_or_an_error(
         v in json_of(CONFIG_KEYS, CONFIG_STRINGS, 5),
     ) {
-        if let Ok(c) = super::gpu_config(&text(&v)) {
+        if let Ok(c) = crate::fuzzing::gpu_config(&text(&v)) {
             // What decodes is internally consistent, whatever the input was.
             let s = &c.sharing;
             prop_assert!(s.time_slicing.is_none() || s.strategy == Sharing_::TimeSlicing);
@@ -193,8 +193,8 @@ proptest! {
         raw in prop_oneof![bytes(256), soup(CLAIM_KEYS), deep()],
     ) {
         for api in ResourceApi::PREFERENCE {
-            let _ = super::claim_configs(api, &text(&v));
-            let _ = super::claim_configs(api, &raw);
+            let _ = crate::fuzzing::claim_configs(api, &text(&v));
+            let _ = crate::fuzzing::claim_configs(api, &raw);
         }
     }
 
@@ -208,7 +208,7 @@ proptest! {
             m.insert("kind".into(), json!("Status"));
             m.insert("details".into(), json!({"retryAfterSeconds": retry}));
         }
-        let (err, _) = super::status(429, &text(&v), None);
+        let (err, _) = crate::fuzzing::status(429, &text(&v), None);
         let api = err.api().expect("an HTTP status gives an API error");
         if v.is_object() && v.get("message").is_none_or(Value::is_string) && v.get("reason").is_none_or(Value::is_string) {
             let want = match retry.as_f64() {
@@ -234,11 +234,11 @@ proptest! {
         api in prop::sample::select(&ResourceApi::PREFERENCE[..]),
     ) {
         let body = lines.join(&b'\n');
-        let whole = super::watch(api, &[&body]);
+        let whole = crate::fuzzing::watch(api, &[&body]);
         let split: Vec<&[u8]> = body.chunks(piece).collect();
-        let pieces = super::watch(api, &split);
+        let pieces = crate::fuzzing::watch(api, &split);
         prop_assert_eq!(summary(&whole), summary(&pieces));
-        let _ = super::slice_list(api, &body);
+        let _ = crate::fuzzing::slice_list(api, &body);
     }
 
     #[test]
@@ -257,7 +257,7 @@ proptest! {
             })
             .collect::<Vec<_>>()
             .concat();
-        let out = super::watch(api, &[&body]);
+        let out = crate::fuzzing::watch(api, &[&body]);
         prop_assert_eq!(out.len(), events.len());
         for ((kind, rv), (next, event)) in events.iter().zip(&out) {
             prop_assert_eq!(next.as_deref(), Some(rv.as_str()));
@@ -322,7 +322,7 @@ mod regressions {
             doc.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"));
         }
         doc.push_str("current-context: *a9\n");
-        let err = super::super::kubeconfig(Path::new("/k"), doc.as_bytes(), None).expect_err("not a kubeconfig");
+        let err = crate::fuzzing::kubeconfig(Path::new("/k"), doc.as_bytes(), None).expect_err("not a kubeconfig");
         assert!(err.starts_with("kubeconfig /k: not a valid kubeconfig (YAML)"), "{err}");
     }
 
@@ -331,7 +331,7 @@ mod regressions {
         let doc = "current-context: edra\ncontexts: [{name: edra, context: {cluster: c, user: u}}]\n\
                    clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443/', insecure-skip-tls-verify: true}}]\n\
                    users: [{name: u, user: {token: t0k3n}}]\n";
-        let creds = super::super::kubeconfig(Path::new("/k"), doc.as_bytes(), None).expect("valid");
+        let creds = crate::fuzzing::kubeconfig(Path::new("/k"), doc.as_bytes(), None).expect("valid");
         assert_eq!(creds.server, "https://127.0.0.1:6443");
         assert!(matches!(creds.auth, Auth::Token(ref t) if t.expose() == "t0k3n"));
     }
@@ -339,12 +339,12 @@ mod regressions {
     #[test]
     fn deep_nesting_is_an_error_everywhere() {
         let deep = "[".repeat(20_000);
-        assert!(super::super::gpu_config(deep.as_bytes()).is_err());
-        assert!(super::super::kubeconfig(Path::new("/k"), deep.as_bytes(), None).is_err());
-        assert!(super::super::slice_list(ResourceApi::V1, deep.as_bytes()).is_err());
-        let (err, _) = super::super::status(500, deep.as_bytes(), None);
+        assert!(crate::fuzzing::gpu_config(deep.as_bytes()).is_err());
+        assert!(crate::fuzzing::kubeconfig(Path::new("/k"), deep.as_bytes(), None).is_err());
+        assert!(crate::fuzzing::slice_list(ResourceApi::V1, deep.as_bytes()).is_err());
+        let (err, _) = crate::fuzzing::status(500, deep.as_bytes(), None);
         assert_eq!(err.api().map(|a| a.message.len()), Some(512));
-        let out = super::super::watch(ResourceApi::V1, &[deep.as_bytes(), b"\n"]);
+        let out = crate::fuzzing::watch(ResourceApi::V1, &[deep.as_bytes(), b"\n"]);
         assert!(matches!(out.as_slice(), [(Some(_), Some(Event::Error(_)))]));
     }
 }

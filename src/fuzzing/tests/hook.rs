@@ -19,7 +19,7 @@ proptest! {
         bundle_config in prop_oneof![bytes(512), soup(STATE_KEYS), deep(), json_of(STATE_KEYS, STATE_STRINGS, 5).prop_map(|v| v.to_string().into_bytes())],
     ) {
         let dir = tempfile::tempdir().expect("a temporary folder");
-        for c in super::hook_state(dir.path(), &state, &bundle_config).into_iter().flatten() {
+        for c in crate::fuzzing::hook_state(dir.path(), &state, &bundle_config).into_iter().flatten() {
             prop_assert!(c.rootfs.is_dir());
         }
     }
@@ -36,7 +36,7 @@ proptest! {
         let root = if relative { name.clone() } else { rootfs.display().to_string() };
         let bundle_config = json!({"ociVersion": "1.2.0", "root": {"path": root}}).to_string();
         let state = json!({"ociVersion": "1.2.0", "id": "c", "status": "creating", "pid": pid, "bundle": "/elsewhere"});
-        let results = super::hook_state(dir.path(), state.to_string().as_bytes(), bundle_config.as_bytes());
+        let results = crate::fuzzing::hook_state(dir.path(), state.to_string().as_bytes(), bundle_config.as_bytes());
         let [_, with_bundle] = results.as_slice() else { panic!("the state is an object: {results:?}") };
         // The state's pid is not used (runtimes disagree on it), whatever its value.
         let c = with_bundle.as_ref().map_err(|e| TestCaseError::fail(e.clone()))?;
@@ -45,7 +45,7 @@ proptest! {
 
     #[test]
     fn hook_args_never_panic(text in prop_oneof![".{0,64}", "(ModifyDeviceFiles|::|/|\\.\\.|:|\n| |0|1|\u{0}){0,24}"]) {
-        let (link, params) = super::hook_args(&text, &text);
+        let (link, params) = crate::fuzzing::hook_args(&text, &text);
         if let Ok(link) = link {
             prop_assert!(link.is_absolute());
         }

@@ -17,7 +17,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Auth, Credentials, Pem, Secret};
+use crate::kube::{Auth, Credentials, Pem, Secret};
 
 /// A throwaway certificate authority.
 pub struct Pki {
@@ -122,7 +122,7 @@ impl TestServer {
     /// A server that offers only these ALPN protocols.
     pub async fn start_with_alpn(pki: &Pki, addr: SocketAddr, handler: Handler, alpn: &[&[u8]]) -> TestServer {
         let (cert, key) = pki.leaf(&["localhost", "127.0.0.1"], "kube-apiserver");
-        let provider = super::tls::provider();
+        let provider = crate::kube::tls::provider();
         let mut roots = rustls::RootCertStore::empty();
         roots.add(CertificateDer::from_pem_slice(pki.ca_pem.as_bytes()).unwrap()).unwrap();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())

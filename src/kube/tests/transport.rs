@@ -10,9 +10,9 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::json;
 
 use super::testserver::{Handler, Pki, Reply, Seen, TestServer};
-use super::*;
+use crate::kube::*;
 
-pub(super) fn fast() -> ClientSettings {
+pub(crate) fn fast() -> ClientSettings {
     ClientSettings {
         request_timeout: Duration::from_secs(5),
         retry_base_delay: Duration::from_millis(5),
@@ -24,7 +24,7 @@ pub(super) fn fast() -> ClientSettings {
 }
 
 /// Answers with the replies in order; afterwards 404.
-pub(super) fn script(replies: Vec<Reply>) -> Handler {
+pub(crate) fn script(replies: Vec<Reply>) -> Handler {
     let q = Mutex::new(VecDeque::from(replies));
     Arc::new(move |_: &Seen| {
         q.lock().unwrap().pop_front().unwrap_or_else(|| Reply::status(404, "NotFound", "script exhausted"))
@@ -38,7 +38,7 @@ async fn setup(replies: Vec<Reply>) -> (Pki, TestServer, Client) {
     (pki, srv, client)
 }
 
-pub(super) fn slice(name: &str, rv: &str) -> serde_json::Value {
+pub(crate) fn slice(name: &str, rv: &str) -> serde_json::Value {
     json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": name, "resourceVersion": rv, "uid": format!("uid-{name}")},
         "spec": {"driver": "gpu.edra.dev", "nodeName": "n1", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
