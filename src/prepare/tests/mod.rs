@@ -11,6 +11,8 @@ use serde_json::json;
 use super::*;
 use crate::gpu::testing::{FakeMpsControl, FakeNvidiaSmi, FileModes};
 use crate::inventory::{Device, DeviceKind, Inventory};
+use crate::plugin::handler::PreparedDevice;
+use crate::state::{ClaimRecord, Phase, SCHEMA_VERSION, StateError};
 
 const DRIVER: &str = "gpu.edra.dev";
 const NODE: &str = "node-a";
