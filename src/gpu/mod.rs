@@ -13,8 +13,6 @@
 
 pub mod mig;
 pub mod mps;
-#[cfg(test)]
-pub mod testing;
 pub mod timeslice;
 
 use serde::{Deserialize, Serialize};

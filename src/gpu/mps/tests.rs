@@ -1,5 +1,5 @@
 use super::*;
-use crate::gpu::testing::FakeMpsControl;
+use crate::test_support::gpu::FakeMpsControl;
 
 const GPU_A: &str = "GPU-00000000-aaaa-bbbb-cccc-000000000000";
 const GPU_B: &str = "GPU-00000001-aaaa-bbbb-cccc-000000000000";

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::gpu::testing::FakeNvidiaSmi;
+use crate::test_support::gpu::FakeNvidiaSmi;
 
 fn smi(path: PathBuf) -> NvidiaSmi {
     NvidiaSmi { path, library_dir: None, timeout: TIMEOUT }

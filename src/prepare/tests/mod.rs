@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::json;
 
 use super::*;
-use crate::gpu::testing::{FakeMpsControl, FakeNvidiaSmi, FileModes};
 use crate::inventory::{Device, DeviceKind, Inventory};
 use crate::plugin::handler::PreparedDevice;
 use crate::state::{ClaimRecord, Phase, SCHEMA_VERSION, StateError};
+use crate::test_support::gpu::{FakeMpsControl, FakeNvidiaSmi, FileModes};
 
 const DRIVER: &str = "gpu.edra.dev";
 const NODE: &str = "node-a";

@@ -129,7 +129,7 @@ fn time_sliced() -> serde_json::Value {
 #[tokio::test]
 async fn crash_at_every_failpoint_converges() {
     use crate::gpu::ComputeMode;
-    use crate::gpu::testing::FileModes;
+    use crate::test_support::gpu::FileModes;
     const GPU0: &str = "GPU-00000000-aaaa-bbbb-cccc-000000000000";
     use crate::gpu::mps::{DaemonIdentity, MpsDaemons, PID_FILE, process_start};
     const GPU1: &str = "GPU-00000001-aaaa-bbbb-cccc-000000000000";

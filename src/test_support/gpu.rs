@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 /// The script. Fails (exit 4, the rest of `nvidia-smi.fail` on stderr) when
 /// `nvidia-smi.fail` exists and its first line is `*` or occurs in the arguments.
-pub const SCRIPT: &str = include_str!("../test_support/nvidia-smi.sh");
+pub const SCRIPT: &str = include_str!("nvidia-smi.sh");
 
 /// A stand-in `nvidia-smi` in its own directory.
 pub struct FakeNvidiaSmi {
@@ -65,7 +65,7 @@ impl FileModes {
     }
 
     /// Every set so far, in order.
-    pub fn sets(&self) -> Vec<(String, super::ComputeMode)> {
+    pub fn sets(&self) -> Vec<(String, crate::gpu::ComputeMode)> {
         let text = std::fs::read_to_string(&self.path).unwrap_or_default();
         text.lines()
             .filter_map(|l| l.split_once(' '))
@@ -74,13 +74,13 @@ impl FileModes {
     }
 
     /// The mode of `uuid` now.
-    pub fn mode(&self, uuid: &str) -> super::ComputeMode {
-        self.sets().into_iter().rev().find(|(u, _)| u == uuid).map_or(super::ComputeMode::Default, |(_, m)| m)
+    pub fn mode(&self, uuid: &str) -> crate::gpu::ComputeMode {
+        self.sets().into_iter().rev().find(|(u, _)| u == uuid).map_or(crate::gpu::ComputeMode::Default, |(_, m)| m)
     }
 
-    fn check(&self, uuid: &str, call: &'static str) -> Result<(), super::GpuError> {
+    fn check(&self, uuid: &str, call: &'static str) -> Result<(), crate::gpu::GpuError> {
         if self.fail_for.lock().unwrap().as_deref() == Some(uuid) {
-            return Err(super::GpuError::Nvml {
+            return Err(crate::gpu::GpuError::Nvml {
                 call,
                 uuid: uuid.to_string(),
                 source: "Insufficient Permissions".into(),
@@ -90,13 +90,13 @@ impl FileModes {
     }
 }
 
-impl super::ComputeModes for FileModes {
-    fn compute_mode(&self, uuid: &str) -> Result<super::ComputeMode, super::GpuError> {
+impl crate::gpu::ComputeModes for FileModes {
+    fn compute_mode(&self, uuid: &str) -> Result<crate::gpu::ComputeMode, crate::gpu::GpuError> {
         self.check(uuid, "nvmlDeviceGetComputeMode")?;
         Ok(self.mode(uuid))
     }
 
-    fn set_compute_mode(&self, uuid: &str, mode: super::ComputeMode) -> Result<(), super::GpuError> {
+    fn set_compute_mode(&self, uuid: &str, mode: crate::gpu::ComputeMode) -> Result<(), crate::gpu::GpuError> {
         use std::io::Write;
         self.check(uuid, "nvmlDeviceSetComputeMode")?;
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&self.path).expect("open modes");
@@ -113,7 +113,7 @@ impl super::ComputeModes for FileModes {
 /// on. Files beside the script steer it: `mps.crash` (the daemon exits at once, logging
 /// why), `mps.hang` (it ignores `quit`), `mps.mute` (it never answers), `mps.refuse` (commands starting with its text fail). The daemon creates
 /// `/dev/shm/edra-mps-stand-in.<pid>`, which shows which `/dev/shm` it sees.
-pub const MPS_SCRIPT: &str = include_str!("../test_support/nvidia-cuda-mps-control.sh");
+pub const MPS_SCRIPT: &str = include_str!("nvidia-cuda-mps-control.sh");
 
 /// The stand-in `nvidia-cuda-mps-control` in its own directory.
 pub struct FakeMpsControl {
