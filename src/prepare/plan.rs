@@ -20,26 +20,7 @@ pub fn plan(
     claim: &ResourceClaim,
     inventory: &Inventory,
 ) -> Result<Vec<DeviceRecord>, PrepareError> {
-    let found_uid = claim.metadata.uid.as_deref().unwrap_or_default();
-    if found_uid != claim_ref.uid {
-        return Err(PrepareError::Replaced {
-            claim: format!("{}/{}", claim_ref.namespace, claim_ref.name),
-            expected: claim_ref.uid.clone(),
-            found: found_uid.to_string(),
-        });
-    }
-    let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
-        return Err(PrepareError::NotAllocated { claim: format!("{}/{}", claim_ref.namespace, claim_ref.name) });
-    };
-    let results: Vec<_> = allocation
-        .devices
-        .iter()
-        .flat_map(|d| d.results.iter().flatten())
-        .filter(|r| r.driver == settings.driver && r.pool == settings.node)
-        .collect();
-    if results.is_empty() {
-        return Err(PrepareError::NoDevices { driver: settings.driver.clone(), pool: settings.node.clone() });
-    }
+    let results = allocated_results(settings, claim_ref, claim)?;
     check_unique(&results)?;
     let mut resolved = Vec::with_capacity(results.len());
     for r in &results {
@@ -67,50 +48,93 @@ pub fn plan(
             share,
             mig: mig_intent(&found.gpu),
         };
-        let strategy = record.config.sharing.strategy;
-        if strategy != Strategy::Exclusive && record.is_partial_share() {
-            return Err(PrepareError::SharingOnShare {
-                strategy: match strategy {
-                    Strategy::TimeSlicing => "TimeSlicing",
-                    _ => "MPS",
-                },
-                request: r.request.clone(),
-                device: r.device.clone(),
-                gpu: found.gpu.name.clone(),
-                enforcement: settings.sharing.enforcement.name(),
-            });
-        }
-        if settings.sharing.enforcement == Enforcement::Mps
-            && strategy == Strategy::Exclusive
-            && !record.admin_access
-            && let Some(share) = &record.share
-            && let Some(other) = out.iter().find(|d: &&DeviceRecord| {
-                d.config.sharing.strategy == Strategy::Exclusive
-                    && !d.admin_access
-                    && d.share.as_ref().is_some_and(|s| s.gpu != share.gpu)
-            })
-        {
-            return Err(PrepareError::MpsSharesOnTwoGpus {
-                first: other.request.clone(),
-                first_gpu: other.gpu().to_string(),
-                second: r.request.clone(),
-                second_gpu: share.gpu.clone(),
-            });
-        }
-        if strategy == Strategy::TimeSlicing && matches!(found.gpu.kind, DeviceKind::Mig(_) | DeviceKind::MigSlot(_)) {
-            return Err(PrepareError::TimeSlicingOnMig { request: r.request.clone(), device: r.device.clone() });
-        }
-        if let Some(other) = out.iter().find(|d: &&DeviceRecord| d.gpu() == record.gpu() && d.config != record.config) {
-            return Err(PrepareError::ConflictingConfigs {
-                device: r.device.clone(),
-                first: other.request.clone(),
-                second: r.request.clone(),
-            });
-        }
+        check_device(settings, &out, r, &found, &record)?;
         let cdi_ids = vec![cdi::device_id(&vendor, &claim_ref.uid, &record.cdi_device())];
         out.push(DeviceRecord { cdi_ids, ..record });
     }
     Ok(out)
+}
+
+/// The allocation results of this driver on this node's pool in `claim`, once it is the
+/// claim the kubelet means (`claim_ref`'s UID) and allocated.
+fn allocated_results<'a>(
+    settings: &PrepareSettings,
+    claim_ref: &ClaimRef,
+    claim: &'a ResourceClaim,
+) -> Result<Vec<&'a DeviceRequestAllocationResult>, PrepareError> {
+    let found_uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    if found_uid != claim_ref.uid {
+        return Err(PrepareError::Replaced {
+            claim: format!("{}/{}", claim_ref.namespace, claim_ref.name),
+            expected: claim_ref.uid.clone(),
+            found: found_uid.to_string(),
+        });
+    }
+    let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+        return Err(PrepareError::NotAllocated { claim: format!("{}/{}", claim_ref.namespace, claim_ref.name) });
+    };
+    let results: Vec<_> = allocation
+        .devices
+        .iter()
+        .flat_map(|d| d.results.iter().flatten())
+        .filter(|r| r.driver == settings.driver && r.pool == settings.node)
+        .collect();
+    if results.is_empty() {
+        return Err(PrepareError::NoDevices { driver: settings.driver.clone(), pool: settings.node.clone() });
+    }
+    Ok(results)
+}
+
+/// Checks `record` (allocation result `r`, resolved as `found`) against the node's sharing
+/// and the devices of the claim planned before it (`out`).
+fn check_device(
+    settings: &PrepareSettings,
+    out: &[DeviceRecord],
+    r: &DeviceRequestAllocationResult,
+    found: &Resolved,
+    record: &DeviceRecord,
+) -> Result<(), PrepareError> {
+    let strategy = record.config.sharing.strategy;
+    if strategy != Strategy::Exclusive && record.is_partial_share() {
+        return Err(PrepareError::SharingOnShare {
+            strategy: match strategy {
+                Strategy::TimeSlicing => "TimeSlicing",
+                _ => "MPS",
+            },
+            request: r.request.clone(),
+            device: r.device.clone(),
+            gpu: found.gpu.name.clone(),
+            enforcement: settings.sharing.enforcement.name(),
+        });
+    }
+    if settings.sharing.enforcement == Enforcement::Mps
+        && strategy == Strategy::Exclusive
+        && !record.admin_access
+        && let Some(share) = &record.share
+        && let Some(other) = out.iter().find(|d: &&DeviceRecord| {
+            d.config.sharing.strategy == Strategy::Exclusive
+                && !d.admin_access
+                && d.share.as_ref().is_some_and(|s| s.gpu != share.gpu)
+        })
+    {
+        return Err(PrepareError::MpsSharesOnTwoGpus {
+            first: other.request.clone(),
+            first_gpu: other.gpu().to_string(),
+            second: r.request.clone(),
+            second_gpu: share.gpu.clone(),
+        });
+    }
+    if strategy == Strategy::TimeSlicing && matches!(found.gpu.kind, DeviceKind::Mig(_) | DeviceKind::MigSlot(_)) {
+        return Err(PrepareError::TimeSlicingOnMig { request: r.request.clone(), device: r.device.clone() });
+    }
+    if let Some(other) = out.iter().find(|d: &&DeviceRecord| d.gpu() == record.gpu() && d.config != record.config) {
+        return Err(PrepareError::ConflictingConfigs {
+            device: r.device.clone(),
+            first: other.request.clone(),
+            second: r.request.clone(),
+        });
+    }
+    Ok(())
 }
 
 /// The MIG instance to create for a dynamic MIG device, as an intent.

@@ -23,7 +23,7 @@
 //! says why). Instances edra did not record are never touched.
 
 use super::{PrepareError, Preparer, cdi, read_boot_id};
-use crate::state::Phase;
+use crate::state::{ClaimRecord, Phase};
 
 /// What recovery did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -89,6 +89,29 @@ impl Preparer {
             Some(s) => !boot_id.is_empty() && *s != boot_id,
             None => false,
         };
+        self.repair_holdings()?;
+        for rec in store.claims()? {
+            let _held = self.inner.locks.lock_blocking(&rec.uid);
+            // Re-read under the lock: a prepare or unprepare may have changed it meanwhile.
+            let Some(rec) = store.claim(&rec.uid)? else { continue };
+            self.recover_claim(rec, &mut report)?;
+        }
+        self.remove_orphaned_specs(&mut report)?;
+        report.mps_orphans = self.sweep_mps_orphans()?;
+        if !boot_id.is_empty() && stored.as_deref() != Some(boot_id.as_str()) {
+            store.set_boot_id(&boot_id)?;
+        }
+        self.recover_shared_gpus(&mut report);
+        log_report(&report);
+        self.refresh_owned_mig();
+        self.refresh_shared_gpus();
+        Ok(report)
+    }
+
+    /// Rebuilds unreadable share lists from the claims' records and drops the holdings a
+    /// release cut short left behind.
+    fn repair_holdings(&self) -> Result<(), PrepareError> {
+        let store = self.store();
         let rebuilt = store.rebuild_share_lists()?;
         if !rebuilt.is_empty() {
             tracing::warn!(
@@ -106,142 +129,153 @@ impl Preparer {
                 orphaned.join(", ")
             );
         }
-        let locks = &self.inner.locks;
-        for rec in store.claims()? {
-            let _held = locks.lock_blocking(&rec.uid);
-            // Re-read under the lock: a prepare or unprepare may have changed it meanwhile.
-            let Some(rec) = store.claim(&rec.uid)? else { continue };
-            match rec.phase {
-                Phase::PrepareStarted => {
-                    self.release(&rec.uid)?;
-                    tracing::info!(claim.uid = %rec.uid, "rolled back an interrupted prepare");
-                    report.rolled_back.push(rec.uid);
-                }
-                // Recorded, but a crash came before its devices were all taken (and so
-                // before the kubelet was answered): rolled back like a PrepareStarted one.
-                Phase::PrepareCompleted if !store.holds_devices(&rec)? => {
-                    self.release(&rec.uid)?;
-                    tracing::info!(
-                        claim.uid = %rec.uid,
-                        "rolled back a prepare that a crash cut short while its devices were taken"
-                    );
-                    report.rolled_back.push(rec.uid);
-                }
-                Phase::PrepareCompleted => {
-                    if rec.migs().any(|(_, m)| m.state == crate::state::MigState::Releasing) {
-                        self.release(&rec.uid)?;
-                        tracing::info!(claim.uid = %rec.uid, "finished an interrupted unprepare of MIG devices");
-                        report.mig_released.push(rec.uid);
-                        continue;
-                    }
-                    let rec = match self.recover_migs(&rec)? {
-                        super::mig::MigCheck::Present => rec,
-                        super::mig::MigCheck::Lost => {
-                            report.mig_lost.push(rec.uid);
-                            continue;
-                        }
-                        super::mig::MigCheck::Recreated => {
-                            // The spec names the old UUID and capability nodes.
-                            cdi::remove_spec(&rec.cdi_spec_path).map_err(|source| PrepareError::Cdi {
-                                op: "remove",
-                                path: rec.cdi_spec_path.clone(),
-                                source,
-                            })?;
-                            report.mig_recreated.push(rec.uid.clone());
-                            store.claim(&rec.uid)?.unwrap_or(rec)
-                        }
-                    };
-                    match self.reapply_gpus(&rec.uid) {
-                        Ok(0) => {}
-                        Ok(n) => {
-                            tracing::info!(claim.uid = %rec.uid, gpus = n, "set a prepared claim's GPU settings again");
-                            report.gpus_reapplied.push(rec.uid.clone());
-                        }
-                        Err(e) => {
-                            tracing::warn!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot set a prepared claim's GPU settings again; its pods share the GPU without them");
-                            report.gpus_reapply_failed.push(rec.uid.clone());
-                        }
-                    }
-                    match self.ensure_mps(&rec.uid) {
-                        Ok(super::mps::MpsCheck::NoDaemon) => {}
-                        Ok(super::mps::MpsCheck::Running(d) | super::mps::MpsCheck::Adopted(d)) => {
-                            tracing::info!(claim.uid = %rec.uid, pid = d.pid, "adopted the claim's running MPS control daemon");
-                            report.mps_adopted.push(rec.uid.clone());
-                        }
-                        Ok(super::mps::MpsCheck::Restarted(_)) => report.mps_restarted.push(rec.uid.clone()),
-                        Err(e) => {
-                            tracing::error!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot start the claim's MPS control daemon again; edra keeps trying");
-                            report.mps_failed.push(rec.uid.clone());
-                        }
-                    }
-                    if rec.cdi_spec_path.exists() {
-                        continue;
-                    }
-                    match self.write_spec_of(&rec) {
-                        Ok(()) => {
-                            tracing::info!(claim.uid = %rec.uid, "re-wrote a missing CDI spec");
-                            report.rewritten.push(rec.uid);
-                        }
-                        Err(e) => {
-                            tracing::warn!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot re-write a missing CDI spec; prepare will retry");
-                            report.rewrite_failed.push(rec.uid);
-                        }
-                    }
-                }
-            }
-        }
-        let vendor = settings.cdi_vendor();
-        if let Ok(entries) = std::fs::read_dir(&settings.cdi_dir) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let temp = cdi::temp_file_owner(&vendor, &name);
-                let Some(uid) = cdi::uid_from_file_name(&vendor, &name).or(temp.map(|(uid, _)| uid)) else {
-                    continue;
-                };
-                let _held = locks.lock_blocking(uid);
-                let orphan = match temp {
-                    // A temp file of an interrupted atomic write: stale when its writer is
-                    // gone, or was this process (which writes under the claim's lock).
-                    Some((_, pid)) => pid == std::process::id() || !settings.proc_root.join(pid.to_string()).exists(),
-                    None => store.claim(uid)?.is_none() && entry.path().exists(),
-                };
-                if orphan {
-                    let path = entry.path();
-                    cdi::remove_spec(&path).map_err(|source| PrepareError::Cdi {
-                        op: "remove",
-                        path: path.clone(),
-                        source,
-                    })?;
-                    tracing::info!(path = %path.display(), "removed an orphaned CDI spec file");
-                    report.orphans_removed.push(path);
-                }
-            }
-        }
-        report.mps_orphans = self.sweep_mps_orphans()?;
-        if !boot_id.is_empty() && stored.as_deref() != Some(boot_id.as_str()) {
-            store.set_boot_id(&boot_id)?;
-        }
-        self.recover_shared_gpus(&mut report);
-        tracing::info!(
-            rebooted = report.rebooted,
-            rolled_back = report.rolled_back.len(),
-            rewritten = report.rewritten.len(),
-            orphans_removed = report.orphans_removed.len(),
-            gpus_reapplied = report.gpus_reapplied.len(),
-            gpus_reapply_failed = report.gpus_reapply_failed.len(),
-            mps_adopted = report.mps_adopted.len(),
-            mps_restarted = report.mps_restarted.len(),
-            mps_failed = report.mps_failed.len(),
-            mps_orphans = report.mps_orphans.len(),
-            mig_released = report.mig_released.len(),
-            mig_recreated = report.mig_recreated.len(),
-            mig_lost = report.mig_lost.len(),
-            "state recovered"
-        );
-        self.refresh_owned_mig();
-        self.refresh_shared_gpus();
-        Ok(report)
+        Ok(())
     }
+
+    /// Recovers one claim's record, read under its lock: an interrupted prepare is rolled
+    /// back, an interrupted unprepare finished, a prepared claim restored.
+    fn recover_claim(&self, rec: ClaimRecord, report: &mut RecoveryReport) -> Result<(), PrepareError> {
+        let store = self.store();
+        match rec.phase {
+            Phase::PrepareStarted => {
+                self.release(&rec.uid)?;
+                tracing::info!(claim.uid = %rec.uid, "rolled back an interrupted prepare");
+                report.rolled_back.push(rec.uid);
+            }
+            // Recorded, but a crash came before its devices were all taken (and so
+            // before the kubelet was answered): rolled back like a PrepareStarted one.
+            Phase::PrepareCompleted if !store.holds_devices(&rec)? => {
+                self.release(&rec.uid)?;
+                tracing::info!(
+                    claim.uid = %rec.uid,
+                    "rolled back a prepare that a crash cut short while its devices were taken"
+                );
+                report.rolled_back.push(rec.uid);
+            }
+            Phase::PrepareCompleted => {
+                if rec.migs().any(|(_, m)| m.state == crate::state::MigState::Releasing) {
+                    self.release(&rec.uid)?;
+                    tracing::info!(claim.uid = %rec.uid, "finished an interrupted unprepare of MIG devices");
+                    report.mig_released.push(rec.uid);
+                    return Ok(());
+                }
+                let rec = match self.recover_migs(&rec)? {
+                    super::mig::MigCheck::Present => rec,
+                    super::mig::MigCheck::Lost => {
+                        report.mig_lost.push(rec.uid);
+                        return Ok(());
+                    }
+                    super::mig::MigCheck::Recreated => {
+                        // The spec names the old UUID and capability nodes.
+                        cdi::remove_spec(&rec.cdi_spec_path).map_err(|source| PrepareError::Cdi {
+                            op: "remove",
+                            path: rec.cdi_spec_path.clone(),
+                            source,
+                        })?;
+                        report.mig_recreated.push(rec.uid.clone());
+                        store.claim(&rec.uid)?.unwrap_or(rec)
+                    }
+                };
+                self.restore_prepared(rec, report);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets again what a prepared claim needs and a reboot or a crash may have taken: its
+    /// GPU settings, its MPS daemon, its CDI spec. Failures are reported, not returned:
+    /// the claim stays prepared and its next prepare or edra's retries try again.
+    fn restore_prepared(&self, rec: ClaimRecord, report: &mut RecoveryReport) {
+        match self.reapply_gpus(&rec.uid) {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(claim.uid = %rec.uid, gpus = n, "set a prepared claim's GPU settings again");
+                report.gpus_reapplied.push(rec.uid.clone());
+            }
+            Err(e) => {
+                tracing::warn!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot set a prepared claim's GPU settings again; its pods share the GPU without them");
+                report.gpus_reapply_failed.push(rec.uid.clone());
+            }
+        }
+        match self.ensure_mps(&rec.uid) {
+            Ok(super::mps::MpsCheck::NoDaemon) => {}
+            Ok(super::mps::MpsCheck::Running(d) | super::mps::MpsCheck::Adopted(d)) => {
+                tracing::info!(claim.uid = %rec.uid, pid = d.pid, "adopted the claim's running MPS control daemon");
+                report.mps_adopted.push(rec.uid.clone());
+            }
+            Ok(super::mps::MpsCheck::Restarted(_)) => report.mps_restarted.push(rec.uid.clone()),
+            Err(e) => {
+                tracing::error!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot start the claim's MPS control daemon again; edra keeps trying");
+                report.mps_failed.push(rec.uid.clone());
+            }
+        }
+        if rec.cdi_spec_path.exists() {
+            return;
+        }
+        match self.write_spec_of(&rec) {
+            Ok(()) => {
+                tracing::info!(claim.uid = %rec.uid, "re-wrote a missing CDI spec");
+                report.rewritten.push(rec.uid);
+            }
+            Err(e) => {
+                tracing::warn!(claim.uid = %rec.uid, error = %crate::util::error_chain(&e), "cannot re-write a missing CDI spec; prepare will retry");
+                report.rewrite_failed.push(rec.uid);
+            }
+        }
+    }
+
+    /// Removes the CDI spec files of claims without a record and the temp files of
+    /// interrupted writes, each under its claim's lock.
+    fn remove_orphaned_specs(&self, report: &mut RecoveryReport) -> Result<(), PrepareError> {
+        let (store, settings) = (self.store(), self.settings());
+        let vendor = settings.cdi_vendor();
+        let Ok(entries) = std::fs::read_dir(&settings.cdi_dir) else { return Ok(()) };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let temp = cdi::temp_file_owner(&vendor, &name);
+            let Some(uid) = cdi::uid_from_file_name(&vendor, &name).or(temp.map(|(uid, _)| uid)) else {
+                continue;
+            };
+            let _held = self.inner.locks.lock_blocking(uid);
+            let orphan = match temp {
+                // A temp file of an interrupted atomic write: stale when its writer is
+                // gone, or was this process (which writes under the claim's lock).
+                Some((_, pid)) => pid == std::process::id() || !settings.proc_root.join(pid.to_string()).exists(),
+                None => store.claim(uid)?.is_none() && entry.path().exists(),
+            };
+            if orphan {
+                let path = entry.path();
+                cdi::remove_spec(&path).map_err(|source| PrepareError::Cdi {
+                    op: "remove",
+                    path: path.clone(),
+                    source,
+                })?;
+                tracing::info!(path = %path.display(), "removed an orphaned CDI spec file");
+                report.orphans_removed.push(path);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The one line that sums up a recovery.
+fn log_report(report: &RecoveryReport) {
+    tracing::info!(
+        rebooted = report.rebooted,
+        rolled_back = report.rolled_back.len(),
+        rewritten = report.rewritten.len(),
+        orphans_removed = report.orphans_removed.len(),
+        gpus_reapplied = report.gpus_reapplied.len(),
+        gpus_reapply_failed = report.gpus_reapply_failed.len(),
+        mps_adopted = report.mps_adopted.len(),
+        mps_restarted = report.mps_restarted.len(),
+        mps_failed = report.mps_failed.len(),
+        mps_orphans = report.mps_orphans.len(),
+        mig_released = report.mig_released.len(),
+        mig_recreated = report.mig_recreated.len(),
+        mig_lost = report.mig_lost.len(),
+        "state recovered"
+    );
 }
 
 /// Creates `dir` when missing, then creates and removes a file in it. The file is made

@@ -284,72 +284,20 @@ pub async fn release_stale_claims(
             }
         };
         let mut unknown = None;
-        let now = Instant::now();
         suspects.retain(|uid, _| records.iter().any(|r| &r.uid == uid));
-        let node_identity = node_identity == Some(true);
         let named_twice = named_twice(&records);
+        let pass = Pass {
+            preparer: &preparer,
+            cluster: &cluster,
+            in_use: &in_use,
+            release_after: settings.release_after,
+            node_identity: node_identity == Some(true),
+            now: Instant::now(),
+        };
         for rec in records.iter().filter(|r| r.phase == Phase::PrepareCompleted) {
-            // A pod of this node still runs with it: the claim holds, no read needed. Two
-            // records of one name (a claim deleted and created again, both prepared here)
-            // are read: a pod names a claim by name, and only the UID tells them apart.
-            let key = (rec.namespace.as_str(), rec.name.as_str());
-            if !named_twice.contains(&key) && in_use.uses(&rec.namespace, &rec.name) == Some(true) {
-                suspects.remove(&rec.uid);
-                continue;
-            }
-            let check = || async {
-                let answer = async {
-                    let api = cluster.api().await?;
-                    let deadline = Instant::now() + super::FETCH_BUDGET;
-                    cluster.client().get_claim_by(api, &rec.namespace, &rec.name, deadline).await
-                };
-                judge(rec, answer.await, node_identity)
-            };
-            let Some(verdict) = until_stopped(check(), &mut shutdown).await else { return };
-            match verdict {
-                Verdict::Holds => {
-                    suspects.remove(&rec.uid);
-                }
-                Verdict::Unknown(e) => unknown = Some(e),
-                Verdict::Gone(reason) => {
-                    let (since, _) = suspects.entry(rec.uid.clone()).or_insert_with(|| (now, reason.clone()));
-                    if now.duration_since(*since) < settings.release_after {
-                        info!(
-                            claim.uid = %rec.uid,
-                            claim = %format!("{}/{}", rec.namespace, rec.name),
-                            "claim {}/{} looks gone ({reason}); it is released if it still is in {}s",
-                            rec.namespace,
-                            rec.name,
-                            settings.release_after.saturating_sub(now.duration_since(*since)).as_secs()
-                        );
-                        continue;
-                    }
-                    let claim =
-                        ClaimRef { namespace: rec.namespace.clone(), name: rec.name.clone(), uid: rec.uid.clone() };
-                    let released = until_stopped(preparer.release_stale(claim, check()), &mut shutdown).await;
-                    let Some(released) = released else { return };
-                    match released {
-                        Ok(Verdict::Gone(reason)) => warn!(
-                            claim.uid = %rec.uid,
-                            claim = %format!("{}/{}", rec.namespace, rec.name),
-                            "released claim {}/{} (UID {}), prepared on this node but gone: {reason}; its devices are \
-                             free again",
-                            rec.namespace,
-                            rec.name,
-                            rec.uid
-                        ),
-                        Ok(Verdict::Holds) => debug!(claim.uid = %rec.uid, "claim is back; kept"),
-                        Ok(Verdict::Unknown(e)) => unknown = Some(e),
-                        Err(e) => warn!(
-                            claim.uid = %rec.uid,
-                            error = %crate::util::error_chain(&e),
-                            "releasing gone claim {}/{} failed; trying again at the next check",
-                            rec.namespace,
-                            rec.name
-                        ),
-                    }
-                    suspects.remove(&rec.uid);
-                }
+            let Some(outcome) = pass.check(rec, &named_twice, &mut suspects, &mut shutdown).await else { return };
+            if outcome.is_some() {
+                unknown = outcome;
             }
         }
         delay = match unknown {
@@ -367,6 +315,93 @@ pub async fn release_stale_claims(
         if !suspects.is_empty() {
             delay = delay.min(settings.release_after.max(Duration::from_secs(1)));
         }
+    }
+}
+
+/// One pass of [`release_stale_claims`] over the prepared claims.
+struct Pass<'a> {
+    preparer: &'a Preparer,
+    cluster: &'a Cluster,
+    in_use: &'a PodsInUse,
+    release_after: Duration,
+    node_identity: bool,
+    now: Instant,
+}
+
+impl Pass<'_> {
+    /// Checks the prepared claim `rec`, releasing it when it stayed gone for
+    /// `release_after` (`suspects`: claim UID → when it was first seen gone, and why).
+    /// `None` when `shutdown` came; `Some(Some(error))` when the server could not tell.
+    async fn check(
+        &self,
+        rec: &ClaimRecord,
+        named_twice: &BTreeSet<(&str, &str)>,
+        suspects: &mut HashMap<String, (Instant, String)>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Option<Option<String>> {
+        // A pod of this node still runs with it: the claim holds, no read needed. Two
+        // records of one name (a claim deleted and created again, both prepared here)
+        // are read: a pod names a claim by name, and only the UID tells them apart.
+        let key = (rec.namespace.as_str(), rec.name.as_str());
+        if !named_twice.contains(&key) && self.in_use.uses(&rec.namespace, &rec.name) == Some(true) {
+            suspects.remove(&rec.uid);
+            return Some(None);
+        }
+        let check = || async {
+            let answer = async {
+                let api = self.cluster.api().await?;
+                let deadline = Instant::now() + super::FETCH_BUDGET;
+                self.cluster.client().get_claim_by(api, &rec.namespace, &rec.name, deadline).await
+            };
+            judge(rec, answer.await, self.node_identity)
+        };
+        let verdict = until_stopped(check(), shutdown).await?;
+        match verdict {
+            Verdict::Holds => {
+                suspects.remove(&rec.uid);
+            }
+            Verdict::Unknown(e) => return Some(Some(e)),
+            Verdict::Gone(reason) => {
+                let (since, _) = suspects.entry(rec.uid.clone()).or_insert_with(|| (self.now, reason.clone()));
+                if self.now.duration_since(*since) < self.release_after {
+                    info!(
+                        claim.uid = %rec.uid,
+                        claim = %format!("{}/{}", rec.namespace, rec.name),
+                        "claim {}/{} looks gone ({reason}); it is released if it still is in {}s",
+                        rec.namespace,
+                        rec.name,
+                        self.release_after.saturating_sub(self.now.duration_since(*since)).as_secs()
+                    );
+                    return Some(None);
+                }
+                let claim = ClaimRef { namespace: rec.namespace.clone(), name: rec.name.clone(), uid: rec.uid.clone() };
+                let released = until_stopped(self.preparer.release_stale(claim, check()), shutdown).await;
+                let mut unknown = None;
+                match released? {
+                    Ok(Verdict::Gone(reason)) => warn!(
+                        claim.uid = %rec.uid,
+                        claim = %format!("{}/{}", rec.namespace, rec.name),
+                        "released claim {}/{} (UID {}), prepared on this node but gone: {reason}; its devices are \
+                         free again",
+                        rec.namespace,
+                        rec.name,
+                        rec.uid
+                    ),
+                    Ok(Verdict::Holds) => debug!(claim.uid = %rec.uid, "claim is back; kept"),
+                    Ok(Verdict::Unknown(e)) => unknown = Some(e),
+                    Err(e) => warn!(
+                        claim.uid = %rec.uid,
+                        error = %crate::util::error_chain(&e),
+                        "releasing gone claim {}/{} failed; trying again at the next check",
+                        rec.namespace,
+                        rec.name
+                    ),
+                }
+                suspects.remove(&rec.uid);
+                return Some(unknown);
+            }
+        }
+        Some(None)
     }
 }
 
