@@ -12,6 +12,7 @@ use crate::sharing::Enforcement;
 use crate::state::{ClaimRecord, Phase, SCHEMA_VERSION};
 
 use super::shared::{enforced_shares, shared_holder};
+use super::{AllocationError, ClaimError, GpuChangeError};
 use super::{PrepareError, Preparer, blocking, cdi, cdi_validate, failpoint, message, mig, mps, now_secs, plan};
 
 /// A claim planned for prepare: its record and the GPU changes it needs.
@@ -45,9 +46,12 @@ impl Preparer {
             None => inventory,
             Some(_) => {
                 if let Some(lost) = record.migs().find(|(_, m)| m.state != crate::state::MigState::Created) {
-                    return Err(Self::lost_mig(record).unwrap_or_else(|| PrepareError::MigUnavailable {
-                        device: lost.0.device.clone(),
-                        reason: "its MIG instance is not created".into(),
+                    return Err(Self::lost_mig(record).unwrap_or_else(|| {
+                        AllocationError::MigUnavailable {
+                            device: lost.0.device.clone(),
+                            reason: "its MIG instance is not created".into(),
+                        }
+                        .into()
                     }));
                 }
                 Arc::new(mig::with_mig_devices(&inventory, &record.devices, &s.dev_root, &s.proc_root))
@@ -56,7 +60,7 @@ impl Preparer {
         let mut devices = Vec::new();
         for d in &record.devices {
             let dev =
-                inventory.device(d.gpu()).ok_or_else(|| PrepareError::UnknownDevice { device: d.device.clone() })?;
+                inventory.device(d.gpu()).ok_or_else(|| AllocationError::UnknownDevice { device: d.device.clone() })?;
             // A replica or a share is the GPU under its own CDI name.
             let name = d.cdi_device();
             if !devices.iter().any(|x: &crate::inventory::Device| x.name == name) {
@@ -103,7 +107,7 @@ impl Preparer {
         deadline: Instant,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         if !cdi::is_valid_uid(&claim.uid) {
-            return Err(PrepareError::InvalidUid { uid: claim.uid });
+            return Err(ClaimError::InvalidUid { uid: claim.uid }.into());
         }
         // Blocking work goes on when the kubelet cancels the call and this future is
         // dropped, so each blocking task holds the claim's lock too, until it ends.
@@ -140,18 +144,18 @@ impl Preparer {
             }
             return Ok(answer(&rec));
         }
-        let fetched = self.inner.claims.claim_for(&claim, deadline).await.map_err(PrepareError::Fetch)?;
+        let fetched = self.inner.claims.claim_for(&claim, deadline).await.map_err(ClaimError::Fetch)?;
         let planned = self.plan_claim(&claim, &fetched)?;
         // Before anything is recorded or changed: a missing binary leaves all as it was.
         self.check_nvidia_smi(&planned.gpus)?;
         if planned.mps_plan.is_some() {
-            self.inner.mps.check_binary().map_err(PrepareError::Mps)?;
+            self.inner.mps.check_binary().map_err(GpuChangeError::Mps)?;
         }
         if self.inner.settings.sharing.enforcement == Enforcement::Mps
             && let Some(share) = enforced_shares(&planned.record.devices).next()
         {
             let gpu = share.gpu.clone();
-            self.inner.mps.check_binary().map_err(|source| PrepareError::SharedMps { gpu, source })?;
+            self.inner.mps.check_binary().map_err(|source| GpuChangeError::SharedMps { gpu, source })?;
         }
         let done = self.apply_checking_holders(planned, &guard, deadline).await?;
         self.inner.claims.prepared(&claim);

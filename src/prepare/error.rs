@@ -115,9 +115,62 @@ impl ClaimFetchError {
     }
 }
 
-/// Why a claim could not be prepared or unprepared. Each message says what to do.
+/// Why a claim could not be prepared or unprepared, grouped by cause: the claim, its
+/// allocation, its configs, a change on a GPU, or edra's own state and files. Each message
+/// says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
+    /// The claim itself (see [`ClaimError`]).
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// Its allocation results (see [`AllocationError`]).
+    #[error(transparent)]
+    Allocation(#[from] AllocationError),
+    /// Its configs (see [`RequestError`]).
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// A change on a GPU (see [`GpuChangeError`]).
+    #[error(transparent)]
+    GpuChange(#[from] GpuChangeError),
+    /// The state store failed or refused.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The CDI spec could not be written or removed.
+    #[error("cannot {op} the CDI spec {}; check that the directory exists and is writable", path.display())]
+    Cdi {
+        /// `write` or `remove`.
+        op: &'static str,
+        /// The spec file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// edra's CDI directory is not a directory it can write (checked at start).
+    #[error(
+        "edra's CDI directory {} {problem}; set cdi.dynamic_dir to a directory the container runtime reads and edra may write",
+        dir.display()
+    )]
+    CdiDir {
+        /// `cdi.dynamic_dir`.
+        dir: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The generated spec breaks the CDI rules (a bug in edra).
+    #[error("the generated CDI spec is invalid ({}); please report this", problems.join("; "))]
+    InvalidSpec {
+        /// The rules broken.
+        problems: Vec<String>,
+    },
+    /// A blocking task failed.
+    #[error("internal task failed: {0}")]
+    Task(String),
+}
+
+/// What the kubelet asked for, or the claim as the API server holds it, does not let it be prepared. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
     /// The UID is not usable in names and paths.
     #[error("claim UID {uid:?} is not a lowercase RFC 4122 UUID; the kubelet must pass the claim's metadata.uid")]
     InvalidUid {
@@ -145,6 +198,19 @@ pub enum PrepareError {
         /// `namespace/name`.
         claim: String,
     },
+    /// A device is held by other claims, and the API server did not say they are gone.
+    #[error("{conflict}; {checked}")]
+    HeldBy {
+        /// What the state refused: names the device and its holder.
+        conflict: StateError,
+        /// What the API server answered about each holder in the way.
+        checked: String,
+    },
+}
+
+/// The claim's allocation results name devices, shares or MIG devices this node cannot prepare as allocated. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocationError {
     /// No results for this driver and node.
     #[error("the claim has no devices allocated by driver {driver} in pool {pool}; check the DeviceClass and the node")]
     NoDevices {
@@ -158,43 +224,6 @@ pub enum PrepareError {
     UnknownDevice {
         /// The device.
         device: String,
-    },
-    /// The opaque config is wrong.
-    #[error("invalid GpuConfig")]
-    Config(#[source] config::ConfigError),
-    /// Two requests of one claim ask for MPS with different settings.
-    #[error(
-        "requests {first} and {second} ask for MPS with different settings; a claim has one MPS daemon, so give \
-         all its MPS requests the same sharing.mps"
-    )]
-    MpsConfigsDiffer {
-        /// The first request.
-        first: String,
-        /// The other request.
-        second: String,
-    },
-    /// A per-device MPS limit names a device the claim's MPS requests do not have.
-    #[error(
-        "sharing.mps.defaultPerDevicePinnedMemoryLimit names {key:?}, which is not one of the claim's MPS devices \
-         ({devices}); use a device name or UUID of those"
-    )]
-    MpsLimitForOtherDevice {
-        /// The key.
-        key: String,
-        /// The claim's MPS devices.
-        devices: String,
-    },
-    /// The claim's MPS daemon could not be started or stopped.
-    #[error("cannot run the claim's MPS control daemon")]
-    Mps(#[source] crate::gpu::mps::MpsError),
-    /// The MPS daemon of a shared GPU could not be started or stopped.
-    #[error("cannot run the MPS control daemon of shared GPU {gpu} (sharing.enforcement = \"mps\")")]
-    SharedMps {
-        /// The GPU's device name.
-        gpu: String,
-        /// The cause.
-        #[source]
-        source: crate::gpu::mps::MpsError,
     },
     /// An allocation result's share ID cannot be used.
     #[error(
@@ -251,6 +280,44 @@ pub enum PrepareError {
         first: String,
         /// The second result's request.
         second: String,
+    },
+    /// A MIG device cannot be prepared on this node as it is.
+    #[error("MIG device {device} cannot be prepared: {reason}; delete the pod so the claim is allocated again")]
+    MigUnavailable {
+        /// The device as allocated.
+        device: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The claim's opaque configs ask for what this node cannot do with the devices allocated. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The opaque config is wrong.
+    #[error("invalid GpuConfig")]
+    Config(#[source] config::ConfigError),
+    /// Two requests of one claim ask for MPS with different settings.
+    #[error(
+        "requests {first} and {second} ask for MPS with different settings; a claim has one MPS daemon, so give \
+         all its MPS requests the same sharing.mps"
+    )]
+    MpsConfigsDiffer {
+        /// The first request.
+        first: String,
+        /// The other request.
+        second: String,
+    },
+    /// A per-device MPS limit names a device the claim's MPS requests do not have.
+    #[error(
+        "sharing.mps.defaultPerDevicePinnedMemoryLimit names {key:?}, which is not one of the claim's MPS devices \
+         ({devices}); use a device name or UUID of those"
+    )]
+    MpsLimitForOtherDevice {
+        /// The key.
+        key: String,
+        /// The claim's MPS devices.
+        devices: String,
     },
     /// A sharing strategy asked for on a share of a GPU.
     #[error(
@@ -312,6 +379,23 @@ pub enum PrepareError {
         /// The second request.
         second: String,
     },
+}
+
+/// A change on this node's GPUs (compute mode, time-slice, MPS daemon, MIG instance) failed. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuChangeError {
+    /// The claim's MPS daemon could not be started or stopped.
+    #[error("cannot run the claim's MPS control daemon")]
+    Mps(#[source] crate::gpu::mps::MpsError),
+    /// The MPS daemon of a shared GPU could not be started or stopped.
+    #[error("cannot run the MPS control daemon of shared GPU {gpu} (sharing.enforcement = \"mps\")")]
+    SharedMps {
+        /// The GPU's device name.
+        gpu: String,
+        /// The cause.
+        #[source]
+        source: crate::gpu::mps::MpsError,
+    },
     /// A GPU could not be read, changed or restored.
     #[error("cannot {action} of GPU {uuid}")]
     Gpu {
@@ -322,45 +406,6 @@ pub enum PrepareError {
         /// The cause.
         #[source]
         source: GpuError,
-    },
-    /// The state store failed or refused.
-    #[error(transparent)]
-    State(#[from] StateError),
-    /// The CDI spec could not be written or removed.
-    #[error("cannot {op} the CDI spec {}; check that the directory exists and is writable", path.display())]
-    Cdi {
-        /// `write` or `remove`.
-        op: &'static str,
-        /// The spec file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// edra's CDI directory is not a directory it can write (checked at start).
-    #[error(
-        "edra's CDI directory {} {problem}; set cdi.dynamic_dir to a directory the container runtime reads and edra may write",
-        dir.display()
-    )]
-    CdiDir {
-        /// `cdi.dynamic_dir`.
-        dir: PathBuf,
-        /// What is wrong with it.
-        problem: String,
-    },
-    /// The generated spec breaks the CDI rules (a bug in edra).
-    #[error("the generated CDI spec is invalid ({}); please report this", problems.join("; "))]
-    InvalidSpec {
-        /// The rules broken.
-        problems: Vec<String>,
-    },
-    /// A MIG device cannot be prepared on this node as it is.
-    #[error("MIG device {device} cannot be prepared: {reason}; delete the pod so the claim is allocated again")]
-    MigUnavailable {
-        /// The device as allocated.
-        device: String,
-        /// Why.
-        reason: String,
     },
     /// A MIG instance could not be listed, created or destroyed.
     #[error(transparent)]
@@ -382,23 +427,12 @@ pub enum PrepareError {
         /// Why it could not be created again.
         reason: String,
     },
-    /// A device is held by other claims, and the API server did not say they are gone.
-    #[error("{conflict}; {checked}")]
-    HeldBy {
-        /// What the state refused: names the device and its holder.
-        conflict: StateError,
-        /// What the API server answered about each holder in the way.
-        checked: String,
-    },
-    /// A blocking task failed.
-    #[error("internal task failed: {0}")]
-    Task(String),
 }
 
 /// Wraps a GPU failure with what was being done to which GPU.
 pub(super) fn gpu_error(action: &'static str, uuid: &str) -> impl FnOnce(GpuError) -> PrepareError {
     let uuid = uuid.to_string();
-    move |source| PrepareError::Gpu { action, uuid, source }
+    move |source| GpuChangeError::Gpu { action, uuid, source }.into()
 }
 
 pub(super) fn message(e: &PrepareError) -> String {

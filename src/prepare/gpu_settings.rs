@@ -5,6 +5,7 @@ use crate::gpu::timeslice;
 use crate::gpu::{ComputeMode, GpuError, Setting};
 use crate::state::{GPU_CHANGE_SCHEMA, GpuChange};
 
+use super::GpuChangeError;
 use super::{PrepareError, Preparer, failpoint, gpu_error, plan};
 
 impl Preparer {
@@ -26,10 +27,8 @@ impl Preparer {
     /// be run, before anything is recorded or changed.
     pub(super) fn check_nvidia_smi(&self, gpus: &[plan::TimeSlicedGpu]) -> Result<(), PrepareError> {
         let Some(first) = gpus.first() else { return Ok(()) };
-        self.inner.settings.nvidia_smi.check().map_err(|source| PrepareError::Gpu {
-            action: "set the time-slice",
-            uuid: first.uuid.clone(),
-            source,
+        self.inner.settings.nvidia_smi.check().map_err(|source| {
+            GpuChangeError::Gpu { action: "set the time-slice", uuid: first.uuid.clone(), source }.into()
         })
     }
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use super::{AllocationError, GpuChangeError};
 use super::{PrepareError, Preparer, failpoint};
 use crate::gpu::mig::{MigControl, MigError, MigInstance, MigProfile};
 use crate::inventory::{Device, DeviceKind, Inventory, MigInfo};
@@ -199,7 +200,7 @@ impl Preparer {
     }
 
     fn mig_error(d: &DeviceRecord, m: &MigRecord, action: &'static str, source: MigError) -> PrepareError {
-        PrepareError::Mig(Box::new(MigFailure {
+        GpuChangeError::Mig(Box::new(MigFailure {
             action,
             device: d.device.clone(),
             profile: m.profile.clone(),
@@ -207,16 +208,20 @@ impl Preparer {
             gpu: m.gpu.clone(),
             source,
         }))
+        .into()
     }
 
     /// The MIG control, or why a MIG device cannot be prepared.
     fn mig_control_for(&self, d: &DeviceRecord) -> Result<&dyn MigControl, PrepareError> {
-        self.mig_control().ok_or_else(|| PrepareError::MigUnavailable {
-            device: d.device.clone(),
-            reason: format!(
-                "the {} backend cannot create MIG instances",
-                self.inner.backend.as_deref().map_or("configured", |b| b.name())
-            ),
+        self.mig_control().ok_or_else(|| {
+            AllocationError::MigUnavailable {
+                device: d.device.clone(),
+                reason: format!(
+                    "the {} backend cannot create MIG instances",
+                    self.inner.backend.as_deref().map_or("configured", |b| b.name())
+                ),
+            }
+            .into()
         })
     }
 
@@ -248,7 +253,7 @@ impl Preparer {
         let Some(d) = record.devices.get(index) else { return Ok(()) };
         let Some(m) = d.mig.clone() else { return Ok(()) };
         let control = self.mig_control_for(d)?;
-        let profile = self.profile_of(&m).ok_or_else(|| PrepareError::MigUnavailable {
+        let profile = self.profile_of(&m).ok_or_else(|| AllocationError::MigUnavailable {
             device: d.device.clone(),
             reason: format!("GPU {} is not in MIG mode (any more) or lacks profile {}", m.gpu, m.profile),
         })?;
@@ -358,12 +363,15 @@ impl Preparer {
 
     /// Whether a completed claim has a MIG device marked lost: its next prepare fails.
     pub(super) fn lost_mig(rec: &ClaimRecord) -> Option<PrepareError> {
-        rec.migs().find(|(_, m)| m.state == MigState::Lost).map(|(d, m)| PrepareError::MigLost {
-            device: d.device.clone(),
-            profile: m.profile.clone(),
-            placement: m.placement,
-            gpu: m.gpu.clone(),
-            reason: m.lost.clone().unwrap_or_default(),
+        rec.migs().find(|(_, m)| m.state == MigState::Lost).map(|(d, m)| {
+            GpuChangeError::MigLost {
+                device: d.device.clone(),
+                profile: m.profile.clone(),
+                placement: m.placement,
+                gpu: m.gpu.clone(),
+                reason: m.lost.clone().unwrap_or_default(),
+            }
+            .into()
         })
     }
 

@@ -64,7 +64,7 @@ use driver_files::DriverFilesCache;
 use locks::ClaimLocks;
 pub(crate) use shared::{SHARED_HOLDER, shared_holder};
 
-pub use error::{ClaimFetchError, PrepareError};
+pub use error::{AllocationError, ClaimError, ClaimFetchError, GpuChangeError, PrepareError, RequestError};
 use error::{gpu_error, message};
 pub use recover::RecoveryReport;
 pub use settings::PrepareSettings;

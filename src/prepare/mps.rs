@@ -22,6 +22,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use super::GpuChangeError;
 use super::cdi::{self, Mount};
 use super::plan::MpsPlan;
 use super::{PrepareError, Preparer, SHARED_HOLDER, failpoint, gpu_error, shared_holder};
@@ -92,8 +93,8 @@ pub(super) fn holder_of_dir(name: &str) -> Option<String> {
 fn mps_error(holder: &str) -> impl FnOnce(mps::MpsError) -> PrepareError {
     let gpu = holder.strip_prefix(SHARED_HOLDER).map(str::to_string);
     move |source| match gpu {
-        Some(gpu) => PrepareError::SharedMps { gpu, source },
-        None => PrepareError::Mps(source),
+        Some(gpu) => GpuChangeError::SharedMps { gpu, source }.into(),
+        None => GpuChangeError::Mps(source).into(),
     }
 }
 

@@ -5,6 +5,7 @@ use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClai
 
 use super::PrepareError;
 use super::config::{self, Strategy};
+use super::{AllocationError, ClaimError, RequestError};
 use super::{PrepareSettings, cdi};
 use crate::device_config::Interval;
 use crate::inventory::{DeviceKind, Inventory};
@@ -31,7 +32,7 @@ pub fn plan(
         resolved.push(found.ok_or_else(|| unresolved(settings, inventory, &r.device))?);
     }
     let requests: Vec<&str> = results.iter().map(|r| r.request.as_str()).collect();
-    let configs = config::resolve(&settings.driver, claim, &requests).map_err(PrepareError::Config)?;
+    let configs = config::resolve(&settings.driver, claim, &requests).map_err(RequestError::Config)?;
     let vendor = settings.cdi_vendor();
     let mut out = Vec::with_capacity(results.len());
     for ((r, found), cfg) in results.into_iter().zip(resolved).zip(configs) {
@@ -64,14 +65,15 @@ fn allocated_results<'a>(
 ) -> Result<Vec<&'a DeviceRequestAllocationResult>, PrepareError> {
     let found_uid = claim.metadata.uid.as_deref().unwrap_or_default();
     if found_uid != claim_ref.uid {
-        return Err(PrepareError::Replaced {
+        return Err(ClaimError::Replaced {
             claim: format!("{}/{}", claim_ref.namespace, claim_ref.name),
             expected: claim_ref.uid.clone(),
             found: found_uid.to_string(),
-        });
+        }
+        .into());
     }
     let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
-        return Err(PrepareError::NotAllocated { claim: format!("{}/{}", claim_ref.namespace, claim_ref.name) });
+        return Err(ClaimError::NotAllocated { claim: format!("{}/{}", claim_ref.namespace, claim_ref.name) }.into());
     };
     let results: Vec<_> = allocation
         .devices
@@ -80,7 +82,7 @@ fn allocated_results<'a>(
         .filter(|r| r.driver == settings.driver && r.pool == settings.node)
         .collect();
     if results.is_empty() {
-        return Err(PrepareError::NoDevices { driver: settings.driver.clone(), pool: settings.node.clone() });
+        return Err(AllocationError::NoDevices { driver: settings.driver.clone(), pool: settings.node.clone() }.into());
     }
     Ok(results)
 }
@@ -96,7 +98,7 @@ fn check_device(
 ) -> Result<(), PrepareError> {
     let strategy = record.config.sharing.strategy;
     if strategy != Strategy::Exclusive && record.is_partial_share() {
-        return Err(PrepareError::SharingOnShare {
+        return Err(RequestError::SharingOnShare {
             strategy: match strategy {
                 Strategy::TimeSlicing => "TimeSlicing",
                 _ => "MPS",
@@ -105,7 +107,8 @@ fn check_device(
             device: r.device.clone(),
             gpu: found.gpu.name.clone(),
             enforcement: settings.sharing.enforcement.name(),
-        });
+        }
+        .into());
     }
     if settings.sharing.enforcement == Enforcement::Mps
         && strategy == Strategy::Exclusive
@@ -117,22 +120,24 @@ fn check_device(
                 && d.share.as_ref().is_some_and(|s| s.gpu != share.gpu)
         })
     {
-        return Err(PrepareError::MpsSharesOnTwoGpus {
+        return Err(RequestError::MpsSharesOnTwoGpus {
             first: other.request.clone(),
             first_gpu: other.gpu().to_string(),
             second: r.request.clone(),
             second_gpu: share.gpu.clone(),
-        });
+        }
+        .into());
     }
     if strategy == Strategy::TimeSlicing && matches!(found.gpu.kind, DeviceKind::Mig(_) | DeviceKind::MigSlot(_)) {
-        return Err(PrepareError::TimeSlicingOnMig { request: r.request.clone(), device: r.device.clone() });
+        return Err(RequestError::TimeSlicingOnMig { request: r.request.clone(), device: r.device.clone() }.into());
     }
     if let Some(other) = out.iter().find(|d: &&DeviceRecord| d.gpu() == record.gpu() && d.config != record.config) {
-        return Err(PrepareError::ConflictingConfigs {
+        return Err(RequestError::ConflictingConfigs {
             device: r.device.clone(),
             first: other.request.clone(),
             second: r.request.clone(),
-        });
+        }
+        .into());
     }
     Ok(())
 }
@@ -157,7 +162,7 @@ fn mig_intent(device: &crate::inventory::Device) -> Option<MigRecord> {
 /// Why an allocated device name is not a device here: for a dynamic MIG device name of a
 /// GPU on this node, what keeps the GPU from being carved; otherwise an unknown device.
 fn unresolved(settings: &PrepareSettings, inventory: &Inventory, name: &str) -> PrepareError {
-    let unknown = PrepareError::UnknownDevice { device: name.to_string() };
+    let unknown: PrepareError = AllocationError::UnknownDevice { device: name.to_string() }.into();
     let Some((minor, _, _)) = crate::mig::parse_slot_name(name) else { return unknown };
     let whole = inventory.mig_gpus.iter().map(|g| &g.device).chain(&inventory.devices);
     let Some(gpu) = whole.filter(|d| d.kind == DeviceKind::Gpu).find(|d| d.minor == minor) else { return unknown };
@@ -168,7 +173,7 @@ fn unresolved(settings: &PrepareSettings, inventory: &Inventory, name: &str) -> 
     } else {
         return unknown;
     };
-    PrepareError::MigUnavailable { device: name.to_string(), reason }
+    AllocationError::MigUnavailable { device: name.to_string(), reason }.into()
 }
 
 /// Refuses a claim whose results name a device twice, as the scheduler never allocates: a
@@ -182,12 +187,13 @@ fn check_unique(results: &[&DeviceRequestAllocationResult]) -> Result<(), Prepar
         let earlier = seen.entry(r.device.as_str()).or_default();
         // Two shares with their own IDs may name one device; anything else is a repeat.
         if let Some((_, first)) = earlier.iter().find(|(s, _)| share.is_none() || s.is_none() || *s == share) {
-            return Err(PrepareError::DuplicateAllocation {
+            return Err(AllocationError::DuplicateAllocation {
                 device: r.device.clone(),
                 share_id: share.map(str::to_string),
                 first: first.to_string(),
                 second: r.request.clone(),
-            });
+            }
+            .into());
         }
         earlier.push((share, r.request.as_str()));
     }
@@ -209,14 +215,14 @@ fn share_of(
     }
     let Some(id) = &r.share_id else { return Ok(None) };
     if !cdi::is_valid_uid(id) {
-        return Err(PrepareError::InvalidShareId { device: r.device.clone(), share_id: id.clone() });
+        return Err(AllocationError::InvalidShareId { device: r.device.clone(), share_id: id.clone() }.into());
     }
     // Every capacity of the device is listed (0 included); without one, the share counts as
     // the whole GPU.
     let memory = match r.consumed_capacity.as_ref().and_then(|c| c.get("memory")) {
         None => gpu_memory,
         Some(q) => crate::config::source::parse_bytes(&q.0).ok().filter(|m| *m <= gpu_memory).ok_or_else(|| {
-            PrepareError::InvalidConsumedMemory {
+            AllocationError::InvalidConsumedMemory {
                 device: r.device.clone(),
                 found: q.0.chars().take(64).collect(),
                 gpu_memory: crate::util::quantity(gpu_memory),
@@ -226,11 +232,12 @@ fn share_of(
     if let Some(q) = r.consumed_capacity.as_ref().and_then(|c| c.get("memory"))
         && (memory < step.max(1) || memory % step.max(1) != 0)
     {
-        return Err(PrepareError::UnpublishedShare {
+        return Err(AllocationError::UnpublishedShare {
             device: r.device.clone(),
             found: q.0.chars().take(64).collect(),
             step: crate::util::quantity(step),
-        });
+        }
+        .into());
     }
     Ok(Some(ShareRecord { gpu: found.gpu.name.clone(), memory, gpu_memory }))
 }
@@ -281,7 +288,9 @@ pub fn mps_plan(devices: &[DeviceRecord], inventory: &Inventory) -> Result<Optio
     let mps: Vec<&DeviceRecord> = devices.iter().filter(|d| d.config.sharing.strategy == Strategy::Mps).collect();
     let Some(first) = mps.first() else { return Ok(None) };
     if let Some(other) = mps.iter().find(|d| d.config.sharing.mps != first.config.sharing.mps) {
-        return Err(PrepareError::MpsConfigsDiffer { first: first.request.clone(), second: other.request.clone() });
+        return Err(
+            RequestError::MpsConfigsDiffer { first: first.request.clone(), second: other.request.clone() }.into()
+        );
     }
     let settings = first.config.sharing.mps.clone().unwrap_or_default();
     let mut plan = MpsPlan {
@@ -292,7 +301,8 @@ pub fn mps_plan(devices: &[DeviceRecord], inventory: &Inventory) -> Result<Optio
     };
     let mut names = Vec::new();
     for d in &mps {
-        let dev = inventory.device(d.gpu()).ok_or_else(|| PrepareError::UnknownDevice { device: d.device.clone() })?;
+        let dev =
+            inventory.device(d.gpu()).ok_or_else(|| AllocationError::UnknownDevice { device: d.device.clone() })?;
         if plan.gpus.contains(&dev.uuid) {
             continue;
         }
@@ -304,10 +314,11 @@ pub fn mps_plan(devices: &[DeviceRecord], inventory: &Inventory) -> Result<Optio
     }
     let per_device = settings.default_per_device_pinned_memory_limit.unwrap_or_default();
     if let Some(key) = per_device.keys().find(|k| !names.iter().any(|(n, u)| n == *k || u == *k)) {
-        return Err(PrepareError::MpsLimitForOtherDevice {
+        return Err(RequestError::MpsLimitForOtherDevice {
             key: key.clone(),
             devices: names.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>().join(", "),
-        });
+        }
+        .into());
     }
     for (name, uuid) in &names {
         let quantity = per_device
@@ -317,7 +328,7 @@ pub fn mps_plan(devices: &[DeviceRecord], inventory: &Inventory) -> Result<Optio
         if let Some(q) = quantity {
             // Checked when the config was decoded.
             let mib = config::pinned_limit_mib(q)
-                .map_err(|message| PrepareError::Config(config::ConfigError::Invalid { index: 0, message }))?;
+                .map_err(|message| RequestError::Config(config::ConfigError::Invalid { index: 0, message }))?;
             plan.pinned_memory_mib.push((uuid.clone(), mib));
         }
     }

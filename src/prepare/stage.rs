@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
+use super::ClaimError;
 use super::{PrepareError, Preparer, blocking, cdi};
 use crate::plugin::ClaimRef;
 use crate::state::Phase;
@@ -50,7 +51,7 @@ impl Preparer {
             uid: meta.uid.clone().unwrap_or_default(),
         };
         if !cdi::is_valid_uid(&claim_ref.uid) {
-            return Err(PrepareError::InvalidUid { uid: claim_ref.uid });
+            return Err(ClaimError::InvalidUid { uid: claim_ref.uid }.into());
         }
         let guard = Arc::new(self.inner.locks.lock(&claim_ref.uid).await);
         if self.inner.store.claim(&claim_ref.uid)?.is_some() {

@@ -32,6 +32,7 @@ use tokio::sync::{OwnedMutexGuard, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::ClaimError;
 use super::in_use::PodsInUse;
 use super::{PrepareError, Preparer};
 use crate::kube::{Cluster, backoff::Backoff};
@@ -243,7 +244,7 @@ impl Preparer {
         if freed || kept.is_empty() {
             return Ok(());
         }
-        Err(PrepareError::HeldBy { conflict, checked: kept.join("; ") })
+        Err(ClaimError::HeldBy { conflict, checked: kept.join("; ") }.into())
     }
 }
 

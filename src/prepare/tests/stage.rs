@@ -3,6 +3,7 @@
 //! change a GPU are left to the kubelet.
 
 use super::*;
+use crate::prepare::ClaimError;
 use crate::prepare::stage::Staged;
 
 fn spec_path(f: &Fixture, uid: &str) -> PathBuf {
@@ -91,7 +92,7 @@ async fn a_claim_that_cannot_be_staged_leaves_nothing_behind() {
     let elsewhere = claim(UID3, "c3", &[("gpu", DRIVER, "node-b", "gpu-1", false)], json!([]));
     assert!(f.preparer.stage(&elsewhere).await.is_err());
     let bad = claim("../../etc", "c4", &[("gpu", DRIVER, NODE, "gpu-1", false)], json!([]));
-    assert!(matches!(f.preparer.stage(&bad).await, Err(PrepareError::InvalidUid { .. })));
+    assert!(matches!(f.preparer.stage(&bad).await, Err(PrepareError::Claim(ClaimError::InvalidUid { .. }))));
     assert!(f.preparer.store().holder("gpu-1").unwrap().is_none());
     assert_eq!(f.preparer.staged_count(), 0);
 }
