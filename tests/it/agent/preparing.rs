@@ -94,8 +94,8 @@ async fn the_log_tells_a_claims_story_once_and_calls_answered_from_state_write_n
     let text = logs.text();
     let story: Vec<&str> = text.lines().filter(|l| l.contains(&a.uid) && l.contains(" INFO ")).collect();
     assert_eq!(story.len(), 2, "{text}");
-    assert!(story[0].contains("edra::prepare: claim prepared"), "{}", story[0]);
-    assert!(story[1].contains("edra::prepare: claim unprepared"), "{}", story[1]);
+    assert!(story[0].contains("edra::prepare::claim: claim prepared"), "{}", story[0]);
+    assert!(story[1].contains("edra::prepare::release: claim unprepared"), "{}", story[1]);
     // Each call is still there for whoever follows the kubelet's calls at debug level.
     let calls: Vec<&str> = text.lines().filter(|l| l.contains("DRA call finished")).collect();
     assert_eq!(calls.len(), 5, "{text}");
