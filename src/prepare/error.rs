@@ -393,6 +393,9 @@ pub enum PrepareError {
     /// A blocking task failed.
     #[error("internal task failed: {0}")]
     Task(String),
+    /// A GPU memory limit could not be set or cleared.
+    #[error(transparent)]
+    MemoryLimit(#[from] crate::gpu::memory_limit::LimitError),
 }
 
 /// Wraps a GPU failure with what was being done to which GPU.

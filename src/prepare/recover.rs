@@ -190,6 +190,9 @@ impl Preparer {
                 }
             }
         }
+        if let Err(e) = self.recover_memory_limits() {
+            tracing::error!(error = %crate::util::error_chain(&e), "cannot finish or undo the GPU memory limits recorded before the restart; they are kept and tried again at the next start");
+        }
         let vendor = settings.cdi_vendor();
         if let Ok(entries) = std::fs::read_dir(&settings.cdi_dir) {
             for entry in entries.flatten() {

@@ -188,9 +188,7 @@ pub enum StateError {
         source: RecordError,
     },
     /// A stored GPU memory limit record cannot be decoded.
-    #[error(
-        "the stored GPU memory limit record {key} cannot be read; upgrade edra or move the state directory aside"
-    )]
+    #[error("the stored GPU memory limit record {key} cannot be read; upgrade edra or move the state directory aside")]
     MemoryLimitRecord {
         /// The record's key.
         key: String,
