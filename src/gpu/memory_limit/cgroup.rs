@@ -90,7 +90,7 @@ fn check_components(path: &Path, given: &str) -> Result<(), String> {
         }
     }
     // `//a` or `/a/./b` collapse in components(): compare the text too.
-    if path.as_os_str().len() > 0 && (given.contains("/./") || given.contains("//") || given.ends_with("/.")) {
+    if !path.as_os_str().is_empty() && (given.contains("/./") || given.contains("//") || given.ends_with("/.")) {
         return Err(format!("linux.cgroupsPath {given:?} has a '.' or empty component"));
     }
     if n == 0 {
