@@ -115,3 +115,22 @@ fn without_an_nvml_library_nothing_is_available_and_every_reason_is_said() {
     assert!(d.reasons.iter().any(|r| r.contains("not a cgroup v2")), "{:?}", d.reasons);
     assert_eq!(Backend::Dmem.name(), "the kernel's dmem cgroup controller");
 }
+
+#[test]
+fn the_doctor_says_which_enforcement_and_why() {
+    use crate::doctor::Status;
+    use crate::doctor::memory_limit::evaluate;
+    use crate::sharing::MemoryLimit;
+    let none = super::Detection {
+        backend: None,
+        reasons: vec!["libnvidia-ml.so.1 has no nvmlDeviceSetMemoryLimits_v1".into()],
+    };
+    let dmem = super::Detection { backend: Some(Backend::Dmem), reasons: vec!["cgroup v2 with dmem".into()] };
+    let r = evaluate(MemoryLimit::Enforced, &none);
+    assert_eq!(r.status, Status::Fail);
+    assert!(r.detail.contains("refuses to start") && r.detail.contains("has no nvmlDeviceSetMemoryLimits_v1"), "{r:?}");
+    assert_eq!(evaluate(MemoryLimit::Auto, &none).status, Status::Warn);
+    assert_eq!(evaluate(MemoryLimit::Advisory, &none).status, Status::Pass);
+    let r = evaluate(MemoryLimit::Auto, &dmem);
+    assert!(r.status == Status::Pass && r.detail.contains("dmem cgroup controller"), "{r:?}");
+}
