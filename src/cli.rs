@@ -104,6 +104,30 @@ pub enum HookCommand {
     /// the mount namespace the hook runs in (a createContainer hook runs in the container's);
     /// otherwise does nothing.
     DisableDeviceNodeModification(DisableDeviceNodeModificationArgs),
+    /// Have the agent set a share's GPU memory limit on the container's cgroup.
+    ///
+    /// Reads the OCI container state on stdin and linux.cgroupsPath from the bundle's
+    /// config.json, then asks the running agent over its memory-limit socket, which records
+    /// the limit and sets it through NVML. Retries for a while when the agent is restarting;
+    /// fails (and so does the container's creation) when the limit cannot be set.
+    ApplyMemoryLimit(ApplyMemoryLimitArgs),
+}
+
+/// Options of `edra hook apply-memory-limit`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct ApplyMemoryLimitArgs {
+    /// The agent's memory-limit socket.
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+    /// The claim UID.
+    #[arg(long, value_name = "UID")]
+    pub claim: String,
+    /// The share's device name in the claim.
+    #[arg(long, value_name = "NAME")]
+    pub device: String,
+    /// The share ID of the allocation, when it has one.
+    #[arg(long, value_name = "ID")]
+    pub share_id: Option<String>,
 }
 
 impl HookCommand {
@@ -113,6 +137,7 @@ impl HookCommand {
             Self::UpdateLdcache(_) => "update-ldcache",
             Self::CreateSymlinks(_) => "create-symlinks",
             Self::DisableDeviceNodeModification(_) => "disable-device-node-modification",
+            Self::ApplyMemoryLimit(_) => "apply-memory-limit",
         }
     }
 }

@@ -30,6 +30,7 @@ use serde::Deserialize;
 use crate::cli::HookCommand;
 
 pub mod device_params;
+pub mod memory_limit;
 pub mod symlinks;
 
 /// The conf file edra writes in the container.
@@ -150,6 +151,9 @@ pub enum HookError {
     /// ldconfig could not run or failed.
     #[error("ldconfig failed: {0}")]
     Ldconfig(String),
+    /// The GPU memory limit could not be set.
+    #[error(transparent)]
+    MemoryLimit(#[from] memory_limit::LimitHookError),
 }
 
 impl HookError {
@@ -172,6 +176,7 @@ impl HookError {
             | Self::Mount { .. }
             | Self::NoLdconfig
             | Self::Ldconfig(_) => 1,
+            Self::MemoryLimit(e) => e.exit_code(),
         }
     }
 }
@@ -205,6 +210,7 @@ pub fn run(command: &HookCommand, stdin: impl Read) -> Result<(), HookError> {
         HookCommand::UpdateLdcache(a) => update_ldcache(stdin, &a.folders, a.ldconfig.as_deref()),
         HookCommand::CreateSymlinks(a) => symlinks::create_symlinks(stdin, &a.links),
         HookCommand::DisableDeviceNodeModification(a) => device_params::disable(stdin, &a.proc_root),
+        HookCommand::ApplyMemoryLimit(a) => memory_limit::apply(stdin, a),
     }
 }
 

@@ -21,7 +21,7 @@
 
 use crate::inventory::{AttributeValue, Device, DeviceKind, Inventory};
 
-pub use crate::config::settings::{Enforcement, Fallback, GpuSelection, SharingMode, SharingSettings};
+pub use crate::config::settings::{Enforcement, Fallback, GpuSelection, MemoryLimit, SharingMode, SharingSettings};
 
 impl GpuSelection {
     /// Whether `d` is selected.

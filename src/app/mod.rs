@@ -30,6 +30,7 @@ use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
 use crate::util::{error_chain, stopped};
 
+mod memory_limit;
 mod tasks;
 use tasks::*;
 
@@ -160,7 +161,18 @@ pub async fn run_signalling(
         Some(p) => p.clone(),
         None => cluster.clone(),
     };
-    let preparer = open_and_recover(&config, inventory_rx.clone(), claims, backend.clone()).await?;
+    let memory_limits = memory_limit::from_config(&config)?;
+    let preparer =
+        open_and_recover(&config, inventory_rx.clone(), claims, backend.clone(), memory_limits.clone()).await?;
+    let serving_limits = match memory_limits.filter(|l| l.enforce) {
+        Some(l) => {
+            let listener = crate::prepare::memory_limit::server::bind(&l.socket).map_err(|e| {
+                AppError::Other(anyhow::anyhow!("cannot serve the memory-limit socket {}: {e}", l.socket.display()))
+            })?;
+            Some(crate::prepare::memory_limit::server::serve(listener, l.socket, preparer.clone(), shutdown.clone()))
+        }
+        None => None,
+    };
     let store = preparer.store().clone();
     let claims_changed = preparer.claims_changed();
     let store_health = preparer.store().health();
@@ -304,7 +316,14 @@ pub async fn run_signalling(
         monitor.task,
         writing_status,
     ];
-    for task in tasks.into_iter().chain(watchdog).chain(serving_metrics).chain(prefetching).chain(serving_status) {
+    for task in tasks
+        .into_iter()
+        .chain(watchdog)
+        .chain(serving_metrics)
+        .chain(prefetching)
+        .chain(serving_status)
+        .chain(serving_limits)
+    {
         let _ = task.await;
     }
     // Releases recorded lazily reach the disk now rather than with sled's next flush.
@@ -341,6 +360,7 @@ async fn open_and_recover(
     inventory: watch::Receiver<Arc<Inventory>>,
     claims: Arc<dyn ClaimSource>,
     backend: Arc<dyn DeviceBackend>,
+    memory_limits: Option<crate::prepare::memory_limit::MemoryLimits>,
 ) -> Result<Preparer, AppError> {
     let state_dir = config.paths.state_dir.clone();
     let open = if crate::prepare::failpoint::armed() { Store::open_without_flusher } else { Store::open };
@@ -354,6 +374,9 @@ async fn open_and_recover(
     };
     let preparer =
         Preparer::with_backend(store, inventory, claims, PrepareSettings::from_config(config, hook_binary), backend);
+    if let Some(limits) = memory_limits {
+        preparer.set_memory_limits(limits);
+    }
     let recovering = preparer.clone();
     // Recovery logs what it did ("state recovered").
     tokio::task::spawn_blocking(move || recovering.recover())

@@ -52,6 +52,33 @@ pub struct SharingSettings {
     pub fallback: Fallback,
     /// What edra does to a shared GPU while shares of it are prepared.
     pub enforcement: Enforcement,
+    /// Whether each share's memory is a kernel-enforced limit on its containers' cgroups.
+    pub memory_limit: MemoryLimit,
+}
+
+/// `sharing.memory_limit`: whether a share's memory is enforced per container by the
+/// driver's cgroup memory limits (orthogonal to `enforcement`, which is about compute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryLimit {
+    /// Accounting only (with `enforcement = "mps"`, the MPS pinned-memory variable).
+    #[default]
+    Advisory,
+    /// Every share's containers get a hard GPU memory limit on their cgroup; a node that
+    /// cannot set one refuses to start.
+    Enforced,
+    /// Enforced where the node can, advisory (with a warning) where it cannot.
+    Auto,
+}
+
+impl MemoryLimit {
+    /// The configuration value: `advisory`, `enforced` or `auto`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryLimit::Advisory => "advisory",
+            MemoryLimit::Enforced => "enforced",
+            MemoryLimit::Auto => "auto",
+        }
+    }
 }
 
 /// `sharing.enforcement`: what edra sets on a shared GPU from its first share to its last.
@@ -96,6 +123,7 @@ impl Default for SharingSettings {
             replicas: 4,
             fallback: Fallback::Exclusive,
             enforcement: Enforcement::None,
+            memory_limit: MemoryLimit::Advisory,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! (`enforcement`, with `timeslice` for timeslicing).
 
 use super::bounds;
-use super::settings::{Enforcement, Fallback, GpuSelection, SharingMode, SharingSettings};
+use super::settings::{Enforcement, Fallback, GpuSelection, MemoryLimit, SharingMode, SharingSettings};
 use super::source::{Raw, Reader, bytes, string, string_list};
 use crate::device_config::Interval;
 
@@ -34,6 +34,12 @@ pub(super) fn read_sharing(r: &mut Reader) -> SharingSettings {
             other => Err(format!("expected exclusive or replicas, found {other:?}")),
         }),
         enforcement: Enforcement::None,
+        memory_limit: r.get("sharing.memory_limit", d.memory_limit, |raw: &Raw| match string(raw)?.as_str() {
+            "advisory" => Ok(MemoryLimit::Advisory),
+            "enforced" => Ok(MemoryLimit::Enforced),
+            "auto" => Ok(MemoryLimit::Auto),
+            other => Err(format!("expected advisory, enforced or auto, found {other:?}")),
+        }),
     };
     settings.enforcement = enforcement(r, settings.mode);
     settings

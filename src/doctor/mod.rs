@@ -16,6 +16,7 @@ pub mod claim_status;
 pub mod cluster;
 pub mod gpu_health;
 pub mod host;
+pub mod memory_limit;
 pub mod metrics_port;
 pub mod mps;
 mod render;
@@ -137,6 +138,7 @@ pub async fn run(cfg: &Config) -> Report {
     checks.push(host::registration(cfg));
     checks.push(metrics_port::check(cfg.metrics.address, &cfg.paths.proc_root));
     checks.push(mps::check(cfg));
+    checks.push(memory_limit::check(cfg));
     checks.push(gpu_health::check(cfg, discovered.as_ref().map(|d| &d.inventory)));
     Report { checks }
 }

@@ -10,7 +10,9 @@
 //! - [`mig::MigControl`]: MIG GPU and compute instances (dynamic MIG), through NVML or
 //!   the mock backend's own state.
 //! - [`mps::MpsDaemons`]: per-claim MPS control daemons (start, check, stop).
+//! - [`memory_limit::LimitControl`]: GPU memory limits per cgroup, through NVML.
 
+pub mod memory_limit;
 pub mod mig;
 pub mod mps;
 pub mod timeslice;

@@ -87,6 +87,7 @@ impl Preparer {
             }
         }
         mps::add_share_edits(&mut spec, record, &s.mps, &shared);
+        self.add_memory_limit_hooks(&mut spec, record);
         let problems = cdi_validate::validate(&spec);
         if problems.is_empty() { Ok(spec) } else { Err(PrepareError::InvalidSpec { problems }) }
     }

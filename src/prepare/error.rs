@@ -427,6 +427,9 @@ pub enum GpuChangeError {
         /// Why it could not be created again.
         reason: String,
     },
+    /// A GPU memory limit could not be set or cleared.
+    #[error(transparent)]
+    MemoryLimit(#[from] crate::gpu::memory_limit::LimitError),
 }
 
 /// Wraps a GPU failure with what was being done to which GPU.
@@ -437,4 +440,10 @@ pub(super) fn gpu_error(action: &'static str, uuid: &str) -> impl FnOnce(GpuErro
 
 pub(super) fn message(e: &PrepareError) -> String {
     crate::util::error_chain(e)
+}
+
+impl From<crate::gpu::memory_limit::LimitError> for PrepareError {
+    fn from(e: crate::gpu::memory_limit::LimitError) -> Self {
+        GpuChangeError::MemoryLimit(e).into()
+    }
 }

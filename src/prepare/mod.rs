@@ -31,6 +31,7 @@ mod gpu_settings;
 pub mod in_use;
 pub use crate::failpoint;
 pub mod locks;
+pub mod memory_limit;
 pub mod mig;
 pub mod mps;
 pub mod plan;
@@ -150,6 +151,8 @@ struct Inner {
     node_identity: std::sync::OnceLock<bool>,
     /// Bumped after every kubelet call that may have changed which claims are prepared.
     claims_changed: watch::Sender<u64>,
+    /// GPU memory limits per container (`sharing.memory_limit`), when NVML has them.
+    memory_limits: std::sync::OnceLock<memory_limit::MemoryLimits>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, PrepareError> {
@@ -227,6 +230,7 @@ impl Preparer {
             staged: Default::default(),
             node_identity: std::sync::OnceLock::new(),
             claims_changed: watch::Sender::new(0),
+            memory_limits: std::sync::OnceLock::new(),
         };
         let preparer = Self { inner: Arc::new(inner) };
         preparer.refresh_shared_gpus();

@@ -96,6 +96,9 @@ impl Preparer {
             let Some(rec) = store.claim(&rec.uid)? else { continue };
             self.recover_claim(rec, &mut report)?;
         }
+        if let Err(e) = self.recover_memory_limits() {
+            tracing::error!(error = %crate::util::error_chain(&e), "cannot finish or undo the GPU memory limits recorded before the restart; they are kept and tried again at the next start");
+        }
         self.remove_orphaned_specs(&mut report)?;
         report.mps_orphans = self.sweep_mps_orphans()?;
         if !boot_id.is_empty() && stored.as_deref() != Some(boot_id.as_str()) {

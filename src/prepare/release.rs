@@ -65,6 +65,7 @@ impl Preparer {
             return self.put_back_idle_shared_gpus(None).map(|_| ());
         };
         remove_spec_of(&rec)?;
+        self.remove_memory_limits(uid)?;
         self.stop_mps(uid)?;
         self.restore_gpus(uid)?;
         self.destroy_migs(&rec, adopt_intents)?;
@@ -148,7 +149,10 @@ impl Preparer {
     /// Called with the claim's and its shared GPUs' locks held.
     pub(super) fn releases_inline(&self, rec: &ClaimRecord) -> Result<bool, StateError> {
         let store = &self.inner.store;
-        if rec.migs().next().is_some() || store.mps_daemon(&rec.uid)?.is_some() {
+        if rec.migs().next().is_some()
+            || store.mps_daemon(&rec.uid)?.is_some()
+            || !store.memory_limits_of(&rec.uid)?.is_empty()
+        {
             return Ok(false);
         }
         let changes = store.gpu_changes()?;

@@ -28,6 +28,7 @@
 //! then runs recovery, which sees exactly what is on disk.
 
 pub mod fresh;
+pub mod memory_limits;
 pub mod record;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -185,6 +186,15 @@ pub enum StateError {
         /// The cause.
         #[source]
         source: RecordError,
+    },
+    /// A stored GPU memory limit record cannot be decoded.
+    #[error("the stored GPU memory limit record {key} cannot be read; upgrade edra or move the state directory aside")]
+    MemoryLimitRecord {
+        /// The record's key.
+        key: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
     },
     /// Another claim is changing the GPU's settings.
     #[error(

@@ -55,6 +55,17 @@
  * compute instance counts as its GPU). Built with STUB_NO_CREATE_GI defined, the library
  * lacks nvmlDeviceCreateGpuInstanceWithPlacement, as an old driver does.
  *
+ * Memory limits per cgroup (r615): nvmlDeviceSetMemoryLimits_v1 appends "set <uuid> <soft>
+ * <hard> <cgroup path>" to "nvml_stub.memlimits" beside the library, after checking what
+ * NVML checks (no MIG handle: NOT_SUPPORTED; soft above hard or a hard limit other than
+ * NVML_DEVICE_MEMORY_LIMIT_MAX above the GPU's memory: INVALID_ARGUMENT; a path that is not
+ * a directory: OPERATING_SYSTEM). nvmlDeviceGetMemoryLimits_v1 answers the last line for
+ * the GPU and path (NOT_FOUND when none), with the bytes allocated by nvmlStubAllocate in
+ * this process. nvmlStubAllocate(device, cgroup, bytes) is a fake allocation: it fails
+ * with NVML_ERROR_MEMORY when the cgroup's use would pass the hard limit of the cgroup or
+ * of its nearest ancestor with one. Built with STUB_NO_MEMORY_LIMITS defined, the library
+ * lacks both NVML functions, as a driver older than r615 does.
+ *
  * NVML is thread-safe; so is the stand-in within a process: every call but the blocking
  * event wait holds one (recursive) lock from start to return.
  */
@@ -141,6 +152,7 @@ static char modes_path[4200];
 static char events_path[4200];
 static char recovery_path[4200];
 static char mig_state_path[4200];
+static char memlimits_path[4200];
 static long events_offset;
 static int mig_state_given;
 
@@ -261,6 +273,7 @@ static int load_config(void) {
     snprintf(events_path, sizeof events_path, "%.*snvml_stub.events", (int)(slash + 1 - path), path);
     snprintf(recovery_path, sizeof recovery_path, "%.*snvml_stub.recovery", (int)(slash + 1 - path), path);
     snprintf(mig_state_path, sizeof mig_state_path, "%.*snvml_stub.mig", (int)(slash + 1 - path), path);
+    snprintf(memlimits_path, sizeof memlimits_path, "%.*snvml_stub.memlimits", (int)(slash + 1 - path), path);
     mig_state_given = 0;
     FILE *fp = fopen(path, "r");
     if (fp == NULL) return ERR_DRIVER_NOT_LOADED;
@@ -1280,3 +1293,120 @@ int nvmlGpuInstanceDestroy(void *h) {
     write_mig_state();
     return SUCCESS;
 }
+
+/* ---- Memory limits per cgroup (nvmlDeviceSetMemoryLimits_v1, r615) ---- */
+#ifndef STUB_NO_MEMORY_LIMITS
+#include <sys/stat.h>
+
+#define ERR_OPERATING_SYSTEM 17
+#define ERR_MEMORY 20
+#define LIMIT_MAX 0xFFFFFFFFFFFFFFFFULL
+
+typedef struct {
+    const char *nameSpace;
+    unsigned long long softLimit, hardLimit;
+} set_limits_t;
+
+typedef struct {
+    const char *nameSpace;
+    unsigned long long softLimit, hardLimit, currentUsed;
+} get_limits_t;
+
+/* Bytes nvmlStubAllocate handed out in this process, per GPU and cgroup. */
+#define MAX_USES 64
+static struct {
+    char uuid[96];
+    char path[4096];
+    unsigned long long used;
+} uses[MAX_USES];
+
+static unsigned long long *use_of(const char *uuid, const char *path, int create) {
+    for (int i = 0; i < MAX_USES; i++) {
+        if (uses[i].uuid[0] && !strcmp(uses[i].uuid, uuid) && !strcmp(uses[i].path, path)) return &uses[i].used;
+    }
+    if (!create) return NULL;
+    for (int i = 0; i < MAX_USES; i++) {
+        if (!uses[i].uuid[0]) {
+            snprintf(uses[i].uuid, sizeof uses[i].uuid, "%s", uuid);
+            snprintf(uses[i].path, sizeof uses[i].path, "%s", path);
+            return &uses[i].used;
+        }
+    }
+    return NULL;
+}
+
+/* The last limits set for GPU uuid on path; 0 when none was. */
+static int last_limits(const char *uuid, const char *path, unsigned long long *soft, unsigned long long *hard) {
+    FILE *fp = fopen(memlimits_path, "r");
+    if (fp == NULL) return 0;
+    char line[4400], u[96];
+    int found = 0, n = 0;
+    unsigned long long s, h;
+    while (fgets(line, sizeof line, fp)) {
+        line[strcspn(line, "\n")] = 0;
+        if (sscanf(line, "set %95s %llu %llu %n", u, &s, &h, &n) == 3 && n > 0 && !strcmp(u, uuid) &&
+            !strcmp(line + n, path)) {
+            *soft = s;
+            *hard = h;
+            found = 1;
+        }
+    }
+    fclose(fp);
+    return found;
+}
+
+int nvmlDeviceSetMemoryLimits_v1(void *h, set_limits_t *limits) {
+    STUB_LOCK;
+    DEVICE("nvmlDeviceSetMemoryLimits_v1");
+    if (d->is_mig) return ERR_NOT_SUPPORTED;
+    if (limits == NULL || limits->nameSpace == NULL) return ERR_INVALID_ARGUMENT;
+    if (limits->softLimit > limits->hardLimit) return ERR_INVALID_ARGUMENT;
+    if (limits->hardLimit != LIMIT_MAX && limits->hardLimit > d->mem) return ERR_INVALID_ARGUMENT;
+    struct stat st;
+    if (stat(limits->nameSpace, &st) != 0 || !S_ISDIR(st.st_mode)) return ERR_OPERATING_SYSTEM;
+    FILE *fp = fopen(memlimits_path, "a");
+    if (fp == NULL) return ERR_OPERATING_SYSTEM;
+    fprintf(fp, "set %s %llu %llu %s\n", d->uuid, limits->softLimit, limits->hardLimit, limits->nameSpace);
+    fclose(fp);
+    return SUCCESS;
+}
+
+int nvmlDeviceGetMemoryLimits_v1(void *h, get_limits_t *limits) {
+    STUB_LOCK;
+    DEVICE("nvmlDeviceGetMemoryLimits_v1");
+    if (d->is_mig) return ERR_NOT_SUPPORTED;
+    if (limits == NULL || limits->nameSpace == NULL) return ERR_INVALID_ARGUMENT;
+    struct stat st;
+    if (stat(limits->nameSpace, &st) != 0 || !S_ISDIR(st.st_mode)) return ERR_OPERATING_SYSTEM;
+    unsigned long long soft, hard;
+    if (!last_limits(d->uuid, limits->nameSpace, &soft, &hard)) return ERR_NOT_FOUND;
+    unsigned long long *used = use_of(d->uuid, limits->nameSpace, 0);
+    limits->softLimit = soft;
+    limits->hardLimit = hard;
+    limits->currentUsed = used ? *used : 0;
+    return SUCCESS;
+}
+
+/* A fake allocation of bytes on GPU h by a process in cgroup path (not an NVML call). */
+int nvmlStubAllocate(void *h, const char *path, unsigned long long bytes) {
+    STUB_LOCK;
+    DEVICE("nvmlStubAllocate");
+    if (path == NULL) return ERR_INVALID_ARGUMENT;
+    unsigned long long *used = use_of(d->uuid, path, 1);
+    if (used == NULL) return ERR_INSUFFICIENT_SIZE;
+    char at[4096];
+    snprintf(at, sizeof at, "%s", path);
+    for (;;) {
+        unsigned long long soft, hard;
+        if (last_limits(d->uuid, at, &soft, &hard) && hard != LIMIT_MAX) {
+            if (*used + bytes > hard) return ERR_MEMORY;
+            break;
+        }
+        char *slash = strrchr(at, '/');
+        if (slash == NULL || slash == at) break;
+        *slash = 0;
+    }
+    *used += bytes;
+    return SUCCESS;
+}
+#endif

@@ -1,0 +1,235 @@
+//! Kernel-enforced GPU memory limits for shares (`sharing.memory_limit`): the hook each
+//! share's CDI device carries, the agent's side of its request (record, then set), and the
+//! removal at release and at recovery (clear, then forget).
+//!
+//! The hook (`edra hook apply-memory-limit`, a `createContainer` hook) finds the
+//! container's cgroup and asks the agent over its memory-limit socket ([`server`]); the
+//! agent checks the claim holds that share, records the limit in the state, then sets soft
+//! = hard = the share's memory on the share's GPU for that cgroup through NVML. The state
+//! is the agent's alone (sled is held by one process), which is why the hook asks rather
+//! than sets. Every limit is recorded before it is set and forgotten only after it is
+//! cleared, so a crash at any step leaves a record that release or recovery finishes:
+//!
+//! - recorded, maybe not set: recovery sets it again while the claim holds the share and the
+//!   cgroup is the one recorded; otherwise it clears and forgets it.
+//! - cleared, not yet forgotten: clearing again is harmless; then it is forgotten.
+//!
+//! A cgroup that is gone (or was made again: another inode) has no limit left to clear
+//! ("removing the cgroup also clears any limits", nvml.h).
+
+pub mod server;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{PrepareError, Preparer, cdi, failpoint, shared::enforced_shares};
+use crate::gpu::memory_limit::{LimitControl, LimitError, wire};
+use crate::state::ClaimRecord;
+use crate::state::memory_limits::MemoryLimitRecord;
+
+/// What the preparer needs to set and clear memory limits.
+#[derive(Clone)]
+pub struct MemoryLimits {
+    /// NVML's memory-limit calls.
+    pub control: Arc<dyn LimitControl>,
+    /// The cgroup v2 root (`<sys_root>/fs/cgroup`).
+    pub cgroup_root: PathBuf,
+    /// Whether new shares get the hook (`sharing.memory_limit` enforced, or auto where
+    /// available); without it, the control only clears what earlier runs set.
+    pub enforce: bool,
+    /// The agent's memory-limit socket, which the hook connects to.
+    pub socket: PathBuf,
+}
+
+impl std::fmt::Debug for MemoryLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLimits").field("enforce", &self.enforce).field("socket", &self.socket).finish()
+    }
+}
+
+impl Preparer {
+    /// Gives the preparer its memory-limit control (once, before recovery).
+    pub fn set_memory_limits(&self, limits: MemoryLimits) {
+        let _ = self.inner.memory_limits.set(limits);
+    }
+
+    fn memory_limits(&self) -> Option<&MemoryLimits> {
+        self.inner.memory_limits.get()
+    }
+
+    /// Adds `edra hook apply-memory-limit` to the CDI device of each of `record`'s enforced
+    /// shares, when limits are enforced.
+    pub(super) fn add_memory_limit_hooks(&self, spec: &mut cdi::Spec, record: &ClaimRecord) {
+        let Some(limits) = self.memory_limits().filter(|l| l.enforce) else { return };
+        let binary = self.inner.settings.hook_binary.display().to_string();
+        for d in record.devices.iter().filter(|d| !d.admin_access && d.share.is_some()) {
+            if !enforced_shares(std::slice::from_ref(d)).any(|_| true) {
+                continue;
+            }
+            let name = cdi::device_name(&record.uid, &d.cdi_device());
+            let Some(dev) = spec.devices.iter_mut().find(|x| x.name == name) else { continue };
+            let mut args = vec![binary.clone(), "hook".into(), "apply-memory-limit".into()];
+            args.extend(["--socket".into(), limits.socket.display().to_string()]);
+            args.extend(["--claim".into(), record.uid.clone(), "--device".into(), d.device.clone()]);
+            if let Some(id) = &d.share_id {
+                args.extend(["--share-id".into(), id.clone()]);
+            }
+            dev.container_edits.hooks.push(cdi::Hook {
+                hook_name: "createContainer".into(),
+                path: binary.clone(),
+                args,
+                env: Vec::new(),
+                timeout: None,
+            });
+        }
+    }
+
+    /// The agent's side of the hook's request (blocking): checks the claim holds the share,
+    /// records the limit, sets it. The answer says what was set, or why not.
+    pub fn apply_memory_limit(&self, req: &wire::Request) -> wire::Answer {
+        let Some(limits) = self.memory_limits().filter(|l| l.enforce) else {
+            return wire::Answer::refused("this edra does not enforce GPU memory limits (sharing.memory_limit)");
+        };
+        let _held = self.inner.locks.lock_blocking(&req.claim);
+        match self.record_and_set(limits, req) {
+            Ok(rec) => {
+                tracing::info!(claim.uid = %rec.claim, device = %rec.device, gpu = %rec.gpu, cgroup = %rec.cgroup.display(),
+                    bytes = rec.bytes, container = %req.container, "GPU memory limit set on the container's cgroup");
+                wire::Answer {
+                    ok: true,
+                    error: String::new(),
+                    gpu: rec.gpu,
+                    bytes: rec.bytes,
+                    cgroup: rec.cgroup.display().to_string(),
+                }
+            }
+            Err(e) => {
+                let e = crate::util::error_chain(&e);
+                tracing::warn!(claim.uid = %req.claim, device = %req.device, cgroup = %req.cgroup, error = %e,
+                    "cannot set a GPU memory limit; the container is not started");
+                wire::Answer::refused(e)
+            }
+        }
+    }
+
+    fn record_and_set(&self, limits: &MemoryLimits, req: &wire::Request) -> Result<MemoryLimitRecord, PrepareError> {
+        let refuse = |why: String| PrepareError::from(LimitError::Unavailable(why));
+        let store = &self.inner.store;
+        let rec = store.claim(&req.claim)?.ok_or_else(|| {
+            refuse(format!("claim {} is not prepared on this node; the kubelet prepares it again", req.claim))
+        })?;
+        let share = rec
+            .devices
+            .iter()
+            .find(|d| d.device == req.device && d.share_id == req.share_id && d.share.is_some())
+            .and_then(|d| d.share.as_ref())
+            .ok_or_else(|| refuse(format!("claim {} holds no share of {}", req.claim, req.device)))?;
+        let uuid = self
+            .inventory_view()
+            .device(&share.gpu)
+            .map(|d| d.uuid.clone())
+            .ok_or_else(|| refuse(format!("GPU {} is not on this node any more", share.gpu)))?;
+        let rel = crate::gpu::memory_limit::cgroup::relative_path(&format!("/{}", req.cgroup)).map_err(refuse)?;
+        let cgroup = limits.cgroup_root.join(rel);
+        let inode = cgroup_inode(&cgroup).map_err(refuse)?;
+        let record = MemoryLimitRecord {
+            claim: req.claim.clone(),
+            device: req.device.clone(),
+            gpu: uuid,
+            cgroup,
+            inode,
+            boot_id: self.inner.boot_id.clone(),
+            bytes: share.memory,
+        };
+        store.put_memory_limit(&record)?;
+        failpoint::hit("memory-limit-after-record");
+        if let Err(e) = limits.control.set(&record.gpu, &record.cgroup, record.bytes, record.bytes) {
+            // NVML set nothing: the record goes (clearing first, in case it did after all).
+            let _ = limits.control.clear(&record.gpu, &record.cgroup);
+            store.remove_memory_limit(&record)?;
+            return Err(e.into());
+        }
+        failpoint::hit("memory-limit-after-set");
+        Ok(record)
+    }
+
+    /// Clears and forgets every memory limit of claim `uid` (blocking; at release).
+    pub(super) fn remove_memory_limits(&self, uid: &str) -> Result<(), PrepareError> {
+        for rec in self.inner.store.memory_limits_of(uid)? {
+            self.clear_and_forget(&rec)?;
+        }
+        Ok(())
+    }
+
+    fn clear_and_forget(&self, rec: &MemoryLimitRecord) -> Result<(), PrepareError> {
+        if self.is_same_cgroup(rec) {
+            let Some(limits) = self.memory_limits() else {
+                return Err(PrepareError::from(LimitError::Unavailable(format!(
+                    "the GPU memory limit on {} cannot be cleared: NVML's memory-limit calls are not available to \
+                     this edra",
+                    rec.cgroup.display()
+                ))));
+            };
+            match limits.control.clear(&rec.gpu, &rec.cgroup) {
+                Ok(()) => {}
+                Err(e) if e.cgroup_gone() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        failpoint::hit("memory-limit-after-clear");
+        self.inner.store.remove_memory_limit(rec)?;
+        tracing::info!(claim.uid = %rec.claim, device = %rec.device, gpu = %rec.gpu, cgroup = %rec.cgroup.display(),
+            "GPU memory limit removed");
+        Ok(())
+    }
+
+    /// Whether `rec`'s cgroup is still the one it was recorded on: same boot, same inode.
+    fn is_same_cgroup(&self, rec: &MemoryLimitRecord) -> bool {
+        rec.boot_id == self.inner.boot_id && cgroup_inode(&rec.cgroup).is_ok_and(|i| i == rec.inode)
+    }
+
+    /// At recovery: finishes or undoes every recorded limit. A limit of a share still
+    /// prepared, on its recorded cgroup, is set again (a crash may have come between
+    /// record and set); any other is cleared and forgotten. Returns (set again, removed).
+    pub(crate) fn recover_memory_limits(&self) -> Result<(usize, usize), PrepareError> {
+        let (mut kept, mut removed) = (0, 0);
+        for rec in self.inner.store.memory_limits()? {
+            let _held = self.inner.locks.lock_blocking(&rec.claim);
+            let held = self.inner.store.claim(&rec.claim)?.is_some_and(|c| {
+                c.devices
+                    .iter()
+                    .any(|d| d.device == rec.device && d.share.as_ref().is_some_and(|s| s.memory == rec.bytes))
+            });
+            let limits = self.memory_limits();
+            if held
+                && self.is_same_cgroup(&rec)
+                && let Some(l) = limits
+            {
+                l.control.set(&rec.gpu, &rec.cgroup, rec.bytes, rec.bytes)?;
+                kept += 1;
+            } else {
+                self.clear_and_forget(&rec)?;
+                removed += 1;
+            }
+        }
+        if kept + removed > 0 {
+            tracing::info!(kept, removed, "GPU memory limits recovered: held shares' set again, the others removed");
+        }
+        Ok((kept, removed))
+    }
+}
+
+/// The inode of the cgroup directory `path`, refusing anything but a real directory
+/// reached without symlinks.
+pub fn cgroup_inode(path: &Path) -> Result<u64, String> {
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| format!("the container's cgroup {} is not there: {e}", path.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a cgroup directory", path.display()));
+    }
+    match std::fs::canonicalize(path) {
+        Ok(real) if real == path => Ok(meta.ino()),
+        _ => Err(format!("the path of the cgroup {} goes through a symlink", path.display())),
+    }
+}
