@@ -33,8 +33,10 @@
 //! prepares the claim again, which records it in a transaction), and recovery rolls it
 //! back.
 
+use super::claims::claim_name;
+use super::db::{Db, db_err};
 use super::record::{self, ClaimRecord, Phase, ShareHolding};
-use super::{Db, Failure, StateError, Store, claim_name, db_err};
+use super::{Failure, StateError, Store};
 
 /// How often a device's compare-and-swap is retried when its holding changed in between
 /// (another claim took or released it): a bound, not a number ever reached in practice.

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{StateError, Store, db_err};
+use super::db::db_err;
+use super::{StateError, Store};
 
 /// The tree's name.
 const TREE: &str = "memory_limits";

@@ -1,8 +1,11 @@
 //! Tests of the store on real sled in temp dirs.
 
+use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
+use super::db::{db_err, plain_io};
+use super::meta::META_SCHEMA;
 use super::*;
 use crate::device_config::GpuConfig;
 
