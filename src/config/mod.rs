@@ -9,6 +9,7 @@
 
 pub mod bounds;
 mod mock;
+mod read;
 pub mod settings;
 mod sharing;
 pub mod source;
@@ -17,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use mock::{MockMig, MockSettings, validate_mig_profile};
+use source::string;
 pub use source::{Origin, Problem, Raw, Reader, env_name};
-use source::{abs_path, abs_path_list, boolean, string};
 
 /// The configuration file read when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/edra/config.toml";
@@ -168,16 +169,6 @@ pub struct MetricsSettings {
 /// The default metrics address: loopback only.
 pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9464";
 
-fn metrics_address(raw: &Raw) -> Result<Option<std::net::SocketAddr>, String> {
-    let s = string(raw)?;
-    if s.is_empty() {
-        return Ok(None);
-    }
-    s.parse().map(Some).map_err(|_| {
-        format!("{s:?} is not an IP address and port such as \"127.0.0.1:9464\" or \"[::1]:9464\"; use \"\" to disable")
-    })
-}
-
 /// Container runtime configuration files, read by `edra doctor` to tell whether CDI is on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuntimeConfigPaths {
@@ -259,31 +250,6 @@ pub struct HealthConfig {
     pub probe_interval: Duration,
     /// How long a GPU must answer without a critical event before its taint is removed.
     pub quiet_period: Duration,
-}
-
-/// `health.ignored_xids`: a list of XID numbers (a TOML array, or comma-separated text).
-fn xid_list(raw: &Raw) -> Result<std::collections::BTreeSet<u64>, String> {
-    let items: Vec<String> = match raw {
-        Raw::Toml(toml::Value::Array(items)) => items
-            .iter()
-            .map(|v| match v {
-                toml::Value::Integer(i) => Ok(i.to_string()),
-                other => Err(format!("expected a list of XID numbers, found an element of type {}", other.type_str())),
-            })
-            .collect::<Result<_, _>>()?,
-        Raw::Text(_) => source::string_list(raw)?,
-        Raw::Toml(other) => {
-            return Err(format!("expected a list of XID numbers such as [13, 31], found {}", other.type_str()));
-        }
-    };
-    let (min, max) = bounds::XID;
-    items
-        .iter()
-        .map(|s| match s.trim().parse::<u64>() {
-            Ok(n) if (min..=max).contains(&n) => Ok(n),
-            _ => Err(format!("{s:?} is not an XID number from {min} to {max}")),
-        })
-        .collect()
 }
 
 /// `[mps]`: how MPS control daemons are started, checked and stopped.
@@ -392,220 +358,6 @@ impl Config {
         let mut problems = early;
         problems.extend(reader.finish());
         if problems.is_empty() { Ok(cfg) } else { Err(problems) }
-    }
-
-    fn read(r: &mut Reader, file: Option<PathBuf>, node_env: Option<String>, host: Option<String>) -> Config {
-        let node_name = match r.opt("node_name", string) {
-            Some(n) => n,
-            None => node_env.filter(|n| !n.is_empty()).or(host).unwrap_or_default(),
-        };
-        if node_name.is_empty() {
-            r.problem("node_name", None, "no node name: set node_name, NODE_NAME or a host name");
-        } else if let Err(e) = validate_dns_subdomain(&node_name) {
-            let origin = r.origin_of("node_name");
-            r.problem("node_name", origin, format!("{node_name:?} is not a valid node name: {e}"));
-        }
-        let driver_name = r.get("driver_name", DEFAULT_DRIVER_NAME.to_string(), |raw| {
-            let s = string(raw)?;
-            validate_driver_name(&s).map(|_| s)
-        });
-        let backend = r.get("backend", BackendKind::Auto, BackendKind::parse);
-        let log_format = r.get("log.format", LogFormat::Text, |raw| match string(raw)?.as_str() {
-            "text" => Ok(LogFormat::Text),
-            "json" => Ok(LogFormat::Json),
-            other => Err(format!("expected text or json, found {other:?}")),
-        });
-        let log_level = r.get("log.level", "info".to_string(), |raw| {
-            let s = string(raw)?;
-            if s.trim().is_empty() {
-                return Err("expected a level (error, warn, info, debug, trace) or a list of target=level".into());
-            }
-            s.parse::<tracing_subscriber::filter::Targets>().map(|_| s.clone()).map_err(|e| {
-                format!("not a valid log filter {s:?}: {e} (expected e.g. info or edra::publish=debug,info)")
-            })
-        });
-
-        let kube = read_kube(r);
-
-        let paths = read_paths(r);
-        let nvml = NvmlSettings {
-            library: r.get("nvml.library", "libnvidia-ml.so.1".into(), |raw| {
-                let s = string(raw)?;
-                if s.is_empty() { Err("expected a library name or path".into()) } else { Ok(PathBuf::from(s)) }
-            }),
-        };
-        let runtime = RuntimeConfigPaths {
-            k3s_containerd_config: r.get(
-                "runtime.k3s_containerd_config",
-                "/var/lib/rancher/k3s/agent/etc/containerd/config.toml".into(),
-                abs_path,
-            ),
-            containerd_config: r.get("runtime.containerd_config", "/etc/containerd/config.toml".into(), abs_path),
-            crio_config: r.get("runtime.crio_config", "/etc/crio/crio.conf".into(), abs_path),
-            crio_config_dir: r.get("runtime.crio_config_dir", "/etc/crio/crio.conf.d".into(), abs_path),
-        };
-        let rediscovery_interval = r.get(
-            "publish.rediscovery_interval",
-            Duration::from_secs(60),
-            bounds::duration_in(bounds::REDISCOVERY_INTERVAL),
-        );
-        let shutdown_grace =
-            r.get("plugin.shutdown_grace", Duration::from_secs(10), bounds::duration_in(bounds::SHUTDOWN_GRACE));
-        let metrics = MetricsSettings {
-            address: r.get("metrics.address", DEFAULT_METRICS_ADDRESS.parse().ok(), metrics_address),
-        };
-        let mock = mock::read_mock(r);
-        let mps = MpsTimings {
-            ready_timeout: r.get(
-                "mps.ready_timeout",
-                Duration::from_secs(10),
-                bounds::duration_in(bounds::MPS_READY_TIMEOUT),
-            ),
-            quit_grace: r.get("mps.quit_grace", Duration::from_secs(5), bounds::duration_in(bounds::MPS_QUIT_GRACE)),
-            check_interval: r.get(
-                "mps.check_interval",
-                Duration::from_secs(5),
-                bounds::duration_in(bounds::MPS_CHECK_INTERVAL),
-            ),
-        };
-        let sharing = sharing::read_sharing(r);
-        let mig = settings::MigSettings {
-            dynamic: r.get("mig.dynamic", settings::MigSettings::default().dynamic, sharing::selection),
-        };
-        let health = HealthConfig {
-            ignored_xids: r.get("health.ignored_xids", settings::DEFAULT_IGNORED_XIDS.into_iter().collect(), xid_list),
-            probe_interval: r.get(
-                "health.probe_interval",
-                Duration::from_secs(10),
-                bounds::duration_in(bounds::HEALTH_PROBE_INTERVAL),
-            ),
-            quiet_period: r.get(
-                "health.quiet_period",
-                Duration::from_secs(300),
-                bounds::duration_in(bounds::HEALTH_QUIET_PERIOD),
-            ),
-        };
-        let stale = settings::StaleSettings::default();
-        let claims = settings::StaleSettings {
-            check_interval: r.get(
-                "claims.check_interval",
-                stale.check_interval,
-                bounds::duration_in(bounds::CLAIMS_CHECK_INTERVAL),
-            ),
-            release_after: r.get(
-                "claims.release_after",
-                stale.release_after,
-                bounds::duration_in(bounds::CLAIMS_RELEASE_AFTER),
-            ),
-        };
-        let prefetch_claims = r.get("claims.prefetch", true, boolean);
-        let prepare_early = r.get("claims.prepare_early", true, boolean);
-        Config {
-            file,
-            node_name,
-            driver_name,
-            backend,
-            log_format,
-            log_level,
-            kube,
-            paths,
-            nvml,
-            runtime,
-            rediscovery_interval,
-            shutdown_grace,
-            metrics,
-            mock,
-            mps,
-            sharing,
-            mig,
-            health,
-            claims,
-            prefetch_claims,
-            prepare_early,
-        }
-    }
-}
-
-/// `paths.state_dir`: an absolute path that is a directory or does not exist yet (then edra
-/// creates it), so a file there is reported here rather than as "File exists" at start.
-fn state_dir(raw: &Raw) -> Result<PathBuf, String> {
-    let dir = abs_path(raw)?;
-    match std::fs::metadata(&dir) {
-        Ok(m) if !m.is_dir() => Err(format!(
-            "{} exists and is not a directory; set paths.state_dir to a directory (edra creates it when missing)",
-            dir.display()
-        )),
-        _ => Ok(dir),
-    }
-}
-
-/// `[kubernetes]`: credentials and the client's limits.
-fn read_kube(r: &mut Reader) -> KubeSettings {
-    KubeSettings {
-        kubeconfig: r.opt("kubernetes.kubeconfig", |raw| {
-            let s = string(raw)?;
-            if s.is_empty() { Err("expected a path, found an empty string".into()) } else { Ok(PathBuf::from(s)) }
-        }),
-        context: r.opt("kubernetes.context", string),
-        qps: r.get("kubernetes.qps", 100.0, bounds::f64_in(bounds::QPS)),
-        burst: r.get("kubernetes.burst", 200, bounds::u32_in(bounds::BURST)),
-        request_timeout: r.get(
-            "kubernetes.request_timeout",
-            Duration::from_secs(30),
-            bounds::duration_in(bounds::REQUEST_TIMEOUT),
-        ),
-        insecure_skip_tls_verify: r.get("kubernetes.insecure_skip_tls_verify", false, boolean),
-        k3s_kubelet_kubeconfig: r.get(
-            "kubernetes.k3s_kubelet_kubeconfig",
-            "/var/lib/rancher/k3s/agent/kubelet.kubeconfig".into(),
-            abs_path,
-        ),
-        k3s_server_kubeconfig: r.get("kubernetes.k3s_server_kubeconfig", "/etc/rancher/k3s/k3s.yaml".into(), abs_path),
-        service_account_dir: r.get(
-            "kubernetes.service_account_dir",
-            "/var/run/secrets/kubernetes.io/serviceaccount".into(),
-            abs_path,
-        ),
-    }
-}
-
-/// `[kubelet]`, `[cdi]` and `[paths]`: where edra finds and puts everything on the node;
-/// the dynamic CDI directory must be one the runtime reads.
-fn read_paths(r: &mut Reader) -> Paths {
-    let kubelet_root: PathBuf = r.get("kubelet.root_dir", "/var/lib/kubelet".into(), abs_path);
-    let plugins_dir = r.get("kubelet.plugins_dir", kubelet_root.join("plugins"), abs_path);
-    let registry_dir = r.get("kubelet.registry_dir", kubelet_root.join("plugins_registry"), abs_path);
-    let cdi_spec_dirs: Vec<PathBuf> =
-        r.get("cdi.spec_dirs", vec!["/etc/cdi".into(), "/var/run/cdi".into()], abs_path_list);
-    let cdi_dynamic_dir: PathBuf = r.get("cdi.dynamic_dir", "/var/run/cdi".into(), abs_path);
-    if !cdi_spec_dirs.iter().any(|d| d == &cdi_dynamic_dir) {
-        let origin = r.origin_of("cdi.dynamic_dir");
-        r.problem(
-            "cdi.dynamic_dir",
-            origin,
-            format!(
-                "{} is not one of cdi.spec_dirs ({}); the container runtime would not see edra's specs",
-                cdi_dynamic_dir.display(),
-                cdi_spec_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
-            ),
-        );
-    }
-    Paths {
-        kubelet_root,
-        plugins_dir,
-        registry_dir,
-        cdi_spec_dirs,
-        cdi_dynamic_dir,
-        cdi_hook_binary: r.opt("cdi.hook_binary", abs_path),
-        state_dir: r.get("paths.state_dir", "/var/lib/edra".into(), state_dir),
-        driver_root: r.get("paths.driver_root", "/".into(), abs_path),
-        host_driver_root: r.opt("paths.host_driver_root", abs_path),
-        nvidia_smi: r.opt("paths.nvidia_smi", abs_path),
-        mps_control: r.opt("paths.mps_control", abs_path),
-        runtime_dir: r.get("paths.runtime_dir", "/run/edra".into(), abs_path),
-        dev_root: r.get("paths.dev_root", "/dev".into(), abs_path),
-        proc_root: r.get("paths.proc_root", "/proc".into(), abs_path),
-        sys_root: r.get("paths.sys_root", "/sys".into(), abs_path),
     }
 }
 
