@@ -23,7 +23,7 @@ use crate::kube::{self, Client, Cluster};
 use crate::plugin::{HealthList, PluginOptions, PluginServer};
 use crate::prepare::prefetch::Prefetcher;
 use crate::prepare::{ClaimSource, PrepareSettings, Preparer};
-use crate::publish::reconcile::PublishStatus;
+use crate::publish::status::PublishStatus;
 use crate::state::Store;
 use crate::telemetry::http::{Endpoints, MetricsPort, Readiness};
 use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};

@@ -17,7 +17,8 @@ use crate::kube::{self, Cluster};
 use crate::plugin::{DeviceHealth, Health, HealthList, RegistrationState};
 use crate::prepare::Preparer;
 use crate::publish::desired::NodeIdentity;
-use crate::publish::reconcile::{PublishStatus, Publisher};
+use crate::publish::reconcile::Publisher;
+use crate::publish::status::PublishStatus;
 use crate::telemetry::sdnotify::Notifier;
 use crate::util::{error_chain, stopped, until_stopped};
 

@@ -26,23 +26,11 @@ use tracing::debug;
 use super::desired::NodeIdentity;
 use super::machine::{Action, Applied, Input, Machine, Seen};
 use super::plan::Plan;
+use super::status::PublishStatus;
 use crate::health::HealthSnapshot;
 use crate::inventory::Inventory;
 use crate::kube::{Client, ResourceApi};
 use crate::util::{stopped, until_stopped};
-
-/// What the publisher reports to the rest of the agent.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PublishStatus {
-    /// The API matched the inventory after the last reconcile.
-    pub in_sync: bool,
-    /// Devices published.
-    pub devices: usize,
-    /// Writes made since start.
-    pub writes: u64,
-    /// The last error, if the last reconcile failed.
-    pub last_error: Option<String>,
-}
 
 /// Keeps the pool published until `shutdown` turns true.
 pub struct Publisher {

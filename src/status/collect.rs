@@ -15,7 +15,7 @@ use crate::inventory::{DeviceBackend, DeviceKind, Inventory};
 use crate::mig::OwnedInstances;
 use crate::plugin::RegistrationState;
 use crate::prepare::in_use::PodsInUse;
-use crate::publish::reconcile::PublishStatus;
+use crate::publish::status::PublishStatus;
 use crate::state::{ClaimRecord, MpsDaemonRecord, Store};
 
 /// Where the view comes from: handles the agent holds anyway.

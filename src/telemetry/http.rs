@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use super::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
 use crate::plugin::RegistrationState;
-use crate::publish::reconcile::PublishStatus;
+use crate::publish::status::PublishStatus;
 use crate::util::stopped;
 
 /// How long open connections may finish after shutdown.

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use crate::kube::RequestStats;
 use crate::plugin::{CallObserver, CallOutcome, CallReport, DraMethod, RegistrationState, SUPPORTED_VERSIONS};
-use crate::publish::reconcile::PublishStatus;
+use crate::publish::status::PublishStatus;
 use crate::telemetry::gpu_use::{GpuUseCollector, StoreCollector};
 
 /// Latency buckets in seconds, from 0.1 ms (a prepare answered from state) up to the
