@@ -4,7 +4,7 @@
 //! stream and the metrics.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -49,112 +49,161 @@ impl HealthMonitor {
         mut inventory: watch::Receiver<Arc<Inventory>>,
         settings: HealthSettings,
         state_dir: PathBuf,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) -> HealthMonitor {
-        let dir = state_dir.clone();
-        let persisted = match tokio::task::spawn_blocking(move || store::load(&dir)).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => {
-                warn!(error = %error_chain(&e), "cannot read the persisted GPU health; starting without it (rewritten at the next change)");
-                Default::default()
-            }
-            Err(e) => {
-                warn!(error = %e, "reading the persisted GPU health failed; starting without it");
-                Default::default()
-            }
-        };
-        let mut view = HealthView::from_persisted(persisted);
-        for (gpu, g) in &view.gpus {
-            for c in g.conditions.values() {
-                warn!(gpu = %gpu, condition = c.kind.key(), value = c.value.as_deref().unwrap_or(""), since = c.since, "GPU condition kept from before the restart: {}", c.message);
-            }
-        }
+        let mut view = load_view(&state_dir).await;
         let gpus = gpus_in(&inventory.borrow_and_update());
         view.saw(gpus.iter().cloned(), SystemTime::now());
         let (tx, rx) = watch::channel(Arc::new(HealthSnapshot::of(&view)));
 
-        let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
-        let mut watch = Watch::start(backend.clone(), gpus, events_tx.clone());
+        let (events_tx, events) = mpsc::unbounded_channel::<Event>();
+        let watch = Watch::start(backend.clone(), gpus, events_tx.clone());
 
-        let task = tokio::spawn(async move {
-            let mut probe = tokio::time::interval(settings.probe_interval);
-            probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                let mut changes = Vec::new();
-                let mut counted = false;
-                tokio::select! {
-                    () = stopped(&mut shutdown) => break,
-                    Some(event) = events.recv() => {
-                        let mut next = Some(event);
-                        while let Some(e) = next {
-                            counted |= matches!(e, Event::Xid { .. } | Event::DoubleBitEcc { .. });
-                            changes.extend(view.apply(e, SystemTime::now(), &settings.rules));
-                            next = events.try_recv().ok();
-                        }
-                    }
-                    changed = inventory.changed() => {
-                        if changed.is_err() {
-                            break;
-                        }
-                        let gpus = gpus_in(&inventory.borrow_and_update());
-                        counted |= view.saw(gpus.iter().cloned(), SystemTime::now());
-                        if gpus != watch.gpus {
-                            // A GPU came or went: register the new set on a new event set.
-                            info!(gpus = gpus.len(), "the GPUs changed; watching their events again");
-                            watch.stop().await;
-                            watch = Watch::start(backend.clone(), gpus, events_tx.clone());
-                        }
-                    }
-                    _ = probe.tick() => {
-                        // (GPU, whether it has an XID condition): only those need the recovery action.
-                        let gpus: Vec<(String, bool)> = view
-                            .gpus
-                            .iter()
-                            .map(|(g, h)| (g.clone(), h.conditions.contains_key(&ConditionKind::Xid)))
-                            .collect();
-                        let prober = backend.clone();
-                        let results = tokio::task::spawn_blocking(move || {
-                            gpus.into_iter()
-                                .map(|(g, xid)| {
-                                    let ok = prober.probe(&g);
-                                    let none_needed = ok && xid && prober.recovery_action(&g) == Some(0);
-                                    (g, ok, none_needed)
-                                })
-                                .collect::<Vec<_>>()
-                        })
-                        .await
-                        .unwrap_or_default();
-                        let now = SystemTime::now();
-                        for (gpu, ok, none_needed) in results {
-                            changes.extend(view.apply(Event::Probe { gpu: gpu.clone(), ok }, now, &settings.rules));
-                            if none_needed {
-                                changes.extend(view.apply(Event::NoRecoveryNeeded { gpu }, now, &settings.rules));
-                            }
-                        }
-                        changes.extend(view.recover(now, &settings.rules));
-                    }
-                }
-                let persist = changes.iter().any(|c| !matches!(c, Change::Ignored { .. }));
-                for c in &changes {
-                    log_change(c);
-                }
-                if persist {
-                    let (dir, gpus) = (state_dir.clone(), view.gpus.clone());
-                    match tokio::task::spawn_blocking(move || store::save(&dir, &gpus)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            warn!(error = %error_chain(&e), "cannot persist the GPU health; a restart may forget a taint")
-                        }
-                        Err(e) => warn!(error = %e, "persisting the GPU health failed"),
-                    }
-                }
-                if persist || counted || !changes.is_empty() {
-                    tx.send_replace(Arc::new(HealthSnapshot::of(&view)));
-                }
-            }
-            watch.stop().await;
-        });
+        let running = Running { backend, inventory, settings, state_dir, view, snapshot: tx, events, events_tx, watch };
+        let task = tokio::spawn(running.run(shutdown));
         HealthMonitor { snapshot: rx, task }
+    }
+}
+
+/// The view as persisted in `state_dir` (empty when it cannot be read); the conditions it
+/// keeps from before the restart are logged.
+async fn load_view(state_dir: &Path) -> HealthView {
+    let dir = state_dir.to_path_buf();
+    let persisted = match tokio::task::spawn_blocking(move || store::load(&dir)).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            warn!(error = %error_chain(&e), "cannot read the persisted GPU health; starting without it (rewritten at the next change)");
+            Default::default()
+        }
+        Err(e) => {
+            warn!(error = %e, "reading the persisted GPU health failed; starting without it");
+            Default::default()
+        }
+    };
+    let view = HealthView::from_persisted(persisted);
+    for (gpu, g) in &view.gpus {
+        for c in g.conditions.values() {
+            warn!(gpu = %gpu, condition = c.kind.key(), value = c.value.as_deref().unwrap_or(""), since = c.since, "GPU condition kept from before the restart: {}", c.message);
+        }
+    }
+    view
+}
+
+/// The monitor task: what it judges, where it persists and publishes, and the event thread.
+struct Running {
+    backend: Arc<dyn HealthBackend>,
+    inventory: watch::Receiver<Arc<Inventory>>,
+    settings: HealthSettings,
+    state_dir: PathBuf,
+    view: HealthView,
+    /// Where the snapshots go.
+    snapshot: watch::Sender<Arc<HealthSnapshot>>,
+    events: mpsc::UnboundedReceiver<Event>,
+    /// Given to each new event thread.
+    events_tx: mpsc::UnboundedSender<Event>,
+    watch: Watch,
+}
+
+impl Running {
+    /// Applies events, inventory changes and probes until `shutdown` (or the inventory's
+    /// sender is gone), then stops the event thread.
+    async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut probe = tokio::time::interval(self.settings.probe_interval);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let (changes, counted) = tokio::select! {
+                () = stopped(&mut shutdown) => break,
+                Some(event) = self.events.recv() => self.on_events(event),
+                changed = self.inventory.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    (Vec::new(), self.on_inventory().await)
+                }
+                _ = probe.tick() => (self.probe().await, false),
+            };
+            self.settle(changes, counted).await;
+        }
+        self.watch.stop().await;
+    }
+
+    /// Applies `first` and every event already queued behind it; also says whether one
+    /// of them was counted (an XID or a double-bit ECC error).
+    fn on_events(&mut self, first: Event) -> (Vec<Change>, bool) {
+        let (mut changes, mut counted) = (Vec::new(), false);
+        let mut next = Some(first);
+        while let Some(e) = next {
+            counted |= matches!(e, Event::Xid { .. } | Event::DoubleBitEcc { .. });
+            changes.extend(self.view.apply(e, SystemTime::now(), &self.settings.rules));
+            next = self.events.try_recv().ok();
+        }
+        (changes, counted)
+    }
+
+    /// Takes the inventory's new GPUs into the view, and watches their events again when
+    /// the set changed; says whether the view changed.
+    async fn on_inventory(&mut self) -> bool {
+        let gpus = gpus_in(&self.inventory.borrow_and_update());
+        let counted = self.view.saw(gpus.iter().cloned(), SystemTime::now());
+        if gpus != self.watch.gpus {
+            // A GPU came or went: register the new set on a new event set.
+            info!(gpus = gpus.len(), "the GPUs changed; watching their events again");
+            self.watch.stop().await;
+            self.watch = Watch::start(self.backend.clone(), gpus, self.events_tx.clone());
+        }
+        counted
+    }
+
+    /// Probes every GPU (and asks NVML whether one with an XID condition needs a recovery
+    /// action) on a blocking thread, then clears what the quiet period allows.
+    async fn probe(&mut self) -> Vec<Change> {
+        // (GPU, whether it has an XID condition): only those need the recovery action.
+        let gpus: Vec<(String, bool)> =
+            self.view.gpus.iter().map(|(g, h)| (g.clone(), h.conditions.contains_key(&ConditionKind::Xid))).collect();
+        let prober = self.backend.clone();
+        let results = tokio::task::spawn_blocking(move || {
+            gpus.into_iter()
+                .map(|(g, xid)| {
+                    let ok = prober.probe(&g);
+                    let none_needed = ok && xid && prober.recovery_action(&g) == Some(0);
+                    (g, ok, none_needed)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let now = SystemTime::now();
+        let mut changes = Vec::new();
+        for (gpu, ok, none_needed) in results {
+            changes.extend(self.view.apply(Event::Probe { gpu: gpu.clone(), ok }, now, &self.settings.rules));
+            if none_needed {
+                changes.extend(self.view.apply(Event::NoRecoveryNeeded { gpu }, now, &self.settings.rules));
+            }
+        }
+        changes.extend(self.view.recover(now, &self.settings.rules));
+        changes
+    }
+
+    /// Logs `changes`, persists the view when a condition changed, and publishes a new
+    /// snapshot when anything did (`counted`: an XID or ECC count).
+    async fn settle(&mut self, changes: Vec<Change>, counted: bool) {
+        let persist = changes.iter().any(|c| !matches!(c, Change::Ignored { .. }));
+        for c in &changes {
+            log_change(c);
+        }
+        if persist {
+            let (dir, gpus) = (self.state_dir.clone(), self.view.gpus.clone());
+            match tokio::task::spawn_blocking(move || store::save(&dir, &gpus)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(error = %error_chain(&e), "cannot persist the GPU health; a restart may forget a taint")
+                }
+                Err(e) => warn!(error = %e, "persisting the GPU health failed"),
+            }
+        }
+        if persist || counted || !changes.is_empty() {
+            self.snapshot.send_replace(Arc::new(HealthSnapshot::of(&self.view)));
+        }
     }
 }
 
