@@ -13,11 +13,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::health::view::Rules;
-use crate::health::{HealthMonitor, HealthSettings};
+use crate::health::{HealthMonitor, HealthSettings, HealthSnapshot};
 use crate::inventory::{self, DeviceBackend, Inventory};
 use crate::kube::{self, Client, Cluster};
 use crate::plugin::{HealthList, PluginOptions, PluginServer};
@@ -131,48 +132,16 @@ pub async fn run_signalling(
 ) -> Result<(), AppError> {
     let client = client_from_config(&config)?;
     info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::util::VERSION);
-    // One agent per node: before anything touches the sockets, the CDI specs, the state or
-    // the metrics port (so a second instance is told what really stops it).
-    let lock_paths = crate::instance::lock_paths(
-        &config.paths.plugin_dir(&config.driver_name),
-        &config.paths.cdi_dynamic_dir,
-        &crate::prepare::cdi::vendor(&config.driver_name),
-    );
-    let _instance = crate::instance::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?;
-
-    // A port another process holds does not stop edra (it is bound once free); one that
-    // cannot be bound at all is a configuration error.
-    let metrics_listener = match config.metrics.address {
-        Some(address) => Some(MetricsPort::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
-        None => None,
-    };
-
-    let backend: Arc<dyn DeviceBackend> =
-        Arc::from(inventory::backend_from_config(&config).map_err(anyhow::Error::new)?);
-    let first = discover(&backend).await.map_err(anyhow::Error::new)?;
-    info!(backend = backend.name(), devices = first.devices.len(), "devices discovered");
-    let (inventory_tx, inventory_rx) = watch::channel(Arc::new(first));
+    let _instance = lock_node(&config)?;
+    let metrics_listener = bind_metrics(&config)?;
+    let (backend, inventory_tx, inventory_rx) = discover_devices(&config).await?;
 
     let cluster = Arc::new(Cluster::new(client.clone()));
-    // With claims.prefetch, the claims of pods bound to this node are read before the
-    // kubelet asks, through the same client and rate limit.
-    let prefetcher = config.prefetch_claims.then(|| Arc::new(Prefetcher::new(cluster.clone())));
-    let claims: Arc<dyn ClaimSource> = match &prefetcher {
-        Some(p) => p.clone(),
-        None => cluster.clone(),
-    };
+    let (prefetcher, claims) = claim_source(&config, &cluster);
     let memory_limits = memory_limit::from_config(&config)?;
     let preparer =
         open_and_recover(&config, inventory_rx.clone(), claims, backend.clone(), memory_limits.clone()).await?;
-    let serving_limits = match memory_limits.filter(|l| l.enforce) {
-        Some(l) => {
-            let listener = crate::prepare::memory_limit::server::bind(&l.socket).map_err(|e| {
-                AppError::Other(anyhow::anyhow!("cannot serve the memory-limit socket {}: {e}", l.socket.display()))
-            })?;
-            Some(crate::prepare::memory_limit::server::serve(listener, l.socket, preparer.clone(), shutdown.clone()))
-        }
-        None => None,
-    };
+    let serving_limits = serve_memory_limits(memory_limits, &preparer, &shutdown)?;
     let store = preparer.store().clone();
     let claims_changed = preparer.claims_changed();
     let store_health = preparer.store().health();
@@ -180,9 +149,142 @@ pub async fn run_signalling(
     let owned_mig = preparer.owned_mig();
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
+    let (monitor, health_list_rx, listing_health) =
+        start_health(&config, backend.name(), &inventory_rx, &shutdown).await;
+    let health_snapshot = monitor.snapshot.clone();
+    let calls = CallMetrics::new();
+    let options = PluginOptions { observer: Some(calls.clone()), health: Some(health_list_rx) };
+    let gpu_changes = preparer.gpu_change_counts();
+    let mps_stats = preparer.mps_stats();
+    let supervising = tokio::spawn(supervise_mps(preparer.clone(), config.mps.check_interval, shutdown.clone()));
+    let (releasing, prefetching, pods_in_use) =
+        watch_claims(&config, &preparer, &cluster, prefetcher, &client, &shutdown);
+    let plugin = serve_kubelet(&config, preparer, options, ready)?;
+
+    let views = Views {
+        inventory: inventory_rx.clone(),
+        health: health_snapshot.clone(),
+        store: store.clone(),
+        owned_mig: owned_mig.clone(),
+    };
+    let (publishing, status_rx) = start_publishing(&config, &cluster, held_shares, &views, &shutdown);
+    let serving_status = serve_status(&config, backend.clone(), &views, &plugin, &status_rx, pods_in_use, &shutdown);
+    let writing_status = keep_claim_status(&config, &cluster, &views, claims_changed, &shutdown);
+    let rediscovering = tokio::spawn(rediscover(
+        backend,
+        inventory_tx,
+        (config.rediscovery_interval, owned_mig.clone()),
+        shutdown.clone(),
+    ));
+    let serving_metrics = metrics_listener.map(|listener| {
+        let readiness =
+            Readiness { registration: plugin.registration(), publish: status_rx.clone(), state: store_health };
+        let metrics = metrics(&client, &plugin, &status_rx, &calls, (gpu_changes, mps_stats), &views);
+        listener.serve(Endpoints { metrics, readiness }, shutdown.clone())
+    });
+    let notifier = systemd_notifier();
+    let watchdog = notifier.clone().map(|n| tokio::spawn(ping_watchdog(n, shutdown.clone())));
+    let readiness =
+        tokio::spawn(report_readiness(plugin.registration(), status_rx, notifier.clone(), shutdown.clone()));
+
+    stopped(&mut shutdown).await;
+    let tasks = [
+        publishing,
+        rediscovering,
+        readiness,
+        healing,
+        supervising,
+        releasing,
+        listing_health,
+        monitor.task,
+        writing_status,
+    ];
+    let optional = [watchdog, serving_metrics, prefetching, serving_status, serving_limits];
+    let tasks = tasks.into_iter().chain(optional.into_iter().flatten());
+    drain(notifier, plugin, tasks, store, config.shutdown_grace).await
+}
+
+/// What the agent's reporting tasks read: the devices, their health, the state and the
+/// MIG instances edra owns.
+struct Views {
+    inventory: watch::Receiver<Arc<Inventory>>,
+    health: watch::Receiver<Arc<HealthSnapshot>>,
+    store: Store,
+    owned_mig: watch::Receiver<Arc<crate::mig::OwnedInstances>>,
+}
+
+/// One agent per node: taken before anything touches the sockets, the CDI specs, the
+/// state or the metrics port (so a second instance is told what really stops it).
+fn lock_node(config: &Config) -> Result<crate::instance::InstanceLock, AppError> {
+    let lock_paths = crate::instance::lock_paths(
+        &config.paths.plugin_dir(&config.driver_name),
+        &config.paths.cdi_dynamic_dir,
+        &crate::prepare::cdi::vendor(&config.driver_name),
+    );
+    Ok(crate::instance::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?)
+}
+
+/// The metrics port, bound early. A port another process holds does not stop edra (it is
+/// bound once free); one that cannot be bound at all is a configuration error.
+fn bind_metrics(config: &Config) -> Result<Option<MetricsPort>, AppError> {
+    Ok(match config.metrics.address {
+        Some(address) => Some(MetricsPort::bind(address).map_err(|e| AppError::Config(error_chain(&e)))?),
+        None => None,
+    })
+}
+
+/// The device backend `config` names and its first inventory, sent on a new channel.
+async fn discover_devices(
+    config: &Config,
+) -> Result<(Arc<dyn DeviceBackend>, watch::Sender<Arc<Inventory>>, watch::Receiver<Arc<Inventory>>), AppError> {
+    let backend: Arc<dyn DeviceBackend> =
+        Arc::from(inventory::backend_from_config(config).map_err(anyhow::Error::new)?);
+    let first = discover(&backend).await.map_err(anyhow::Error::new)?;
+    info!(backend = backend.name(), devices = first.devices.len(), "devices discovered");
+    let (inventory_tx, inventory_rx) = watch::channel(Arc::new(first));
+    Ok((backend, inventory_tx, inventory_rx))
+}
+
+/// Where prepare reads claims: with claims.prefetch, the claims of pods bound to this node
+/// are read before the kubelet asks, through the same client and rate limit (the
+/// prefetcher is returned too, for its pod watch); otherwise from `cluster` when asked.
+fn claim_source(config: &Config, cluster: &Arc<Cluster>) -> (Option<Arc<Prefetcher>>, Arc<dyn ClaimSource>) {
+    let prefetcher = config.prefetch_claims.then(|| Arc::new(Prefetcher::new(cluster.clone())));
+    let claims: Arc<dyn ClaimSource> = match &prefetcher {
+        Some(p) => p.clone(),
+        None => cluster.clone(),
+    };
+    (prefetcher, claims)
+}
+
+/// Serves the memory-limit socket the OCI hook asks, when GPU memory limits are enforced.
+fn serve_memory_limits(
+    memory_limits: Option<crate::prepare::memory_limit::MemoryLimits>,
+    preparer: &Preparer,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Option<JoinHandle<()>>, AppError> {
+    Ok(match memory_limits.filter(|l| l.enforce) {
+        Some(l) => {
+            let listener = crate::prepare::memory_limit::server::bind(&l.socket).map_err(|e| {
+                AppError::Other(anyhow::anyhow!("cannot serve the memory-limit socket {}: {e}", l.socket.display()))
+            })?;
+            Some(crate::prepare::memory_limit::server::serve(listener, l.socket, preparer.clone(), shutdown.clone()))
+        }
+        None => None,
+    })
+}
+
+/// Starts the health monitor on the backend named `backend`, and the task that turns its
+/// snapshots into the kubelet's device health list.
+async fn start_health(
+    config: &Config,
+    backend: &str,
+    inventory: &watch::Receiver<Arc<Inventory>>,
+    shutdown: &watch::Receiver<bool>,
+) -> (HealthMonitor, watch::Receiver<HealthList>, JoinHandle<()>) {
     let monitor = HealthMonitor::start(
-        crate::health::backend_for(&config, backend.name()),
-        inventory_rx.clone(),
+        crate::health::backend_for(config, backend),
+        inventory.clone(),
         HealthSettings {
             rules: Rules { ignored_xids: config.health.ignored_xids.clone(), quiet_period: config.health.quiet_period },
             probe_interval: config.health.probe_interval,
@@ -191,20 +293,27 @@ pub async fn run_signalling(
         shutdown.clone(),
     )
     .await;
-    let health_snapshot = monitor.snapshot.clone();
     let (health_list_tx, health_list_rx) = watch::channel(HealthList::default());
     let listing_health = tokio::spawn(list_device_health(
         (config.node_name.clone(), health_check_timeout(config.health.probe_interval)),
-        inventory_rx.clone(),
-        health_snapshot.clone(),
+        inventory.clone(),
+        monitor.snapshot.clone(),
         health_list_tx,
         shutdown.clone(),
     ));
-    let calls = CallMetrics::new();
-    let options = PluginOptions { observer: Some(calls.clone()), health: Some(health_list_rx) };
-    let gpu_changes = preparer.gpu_change_counts();
-    let mps_stats = preparer.mps_stats();
-    let supervising = tokio::spawn(supervise_mps(preparer.clone(), config.mps.check_interval, shutdown.clone()));
+    (monitor, health_list_rx, listing_health)
+}
+
+/// Starts the stale-claim check and, with claims.prefetch, the pod watch; returns their
+/// tasks and the claims this node's pods use, as the pod watch sees them.
+fn watch_claims(
+    config: &Config,
+    preparer: &Preparer,
+    cluster: &Arc<Cluster>,
+    prefetcher: Option<Arc<Prefetcher>>,
+    client: &Client,
+    shutdown: &watch::Receiver<bool>,
+) -> (JoinHandle<()>, Option<JoinHandle<()>>, Arc<crate::prepare::in_use::PodsInUse>) {
     // The pod watch (with claims.prefetch) tells the stale-claim check which claims pods
     // of this node still use; without it every prepared claim is read at each check.
     let in_use = Arc::new(crate::prepare::in_use::PodsInUse::default());
@@ -228,6 +337,16 @@ pub async fn run_signalling(
             shutdown.clone(),
         ))
     });
+    (releasing, prefetching, pods_in_use)
+}
+
+/// Serves the kubelet's sockets with `preparer`, and tells `ready` once they are in place.
+fn serve_kubelet(
+    config: &Config,
+    preparer: Preparer,
+    options: PluginOptions,
+    ready: Option<oneshot::Sender<Serving>>,
+) -> Result<PluginServer, AppError> {
     let plugin = PluginServer::start_with(&config.paths, &config.driver_name, Arc::new(preparer), options)
         .map_err(anyhow::Error::new)?;
     info!(dra = %plugin.dra_socket().display(), registration = %plugin.registration_socket().display(), "serving the kubelet");
@@ -236,94 +355,123 @@ pub async fn run_signalling(
     if let Some(ready) = ready {
         let _ = ready.send(Serving::of(&plugin));
     }
+    Ok(plugin)
+}
 
+/// Starts publishing the devices as ResourceSlices; returns the task and its status.
+fn start_publishing(
+    config: &Config,
+    cluster: &Arc<Cluster>,
+    held_shares: watch::Receiver<Arc<std::collections::BTreeSet<String>>>,
+    views: &Views,
+    shutdown: &watch::Receiver<bool>,
+) -> (JoinHandle<()>, watch::Receiver<PublishStatus>) {
     let (status_tx, status_rx) = watch::channel(PublishStatus::default());
+    let offers = Offers {
+        sharing: config.sharing.clone(),
+        held_shares,
+        mig: config.mig.clone(),
+        owned_mig: views.owned_mig.clone(),
+    };
     let publishing = tokio::spawn(publish(
         cluster.clone(),
         config.driver_name.clone(),
         config.node_name.clone(),
-        Offers { sharing: config.sharing.clone(), held_shares, mig: config.mig.clone(), owned_mig: owned_mig.clone() },
-        (inventory_rx.clone(), health_snapshot.clone()),
+        offers,
+        (views.inventory.clone(), views.health.clone()),
         status_tx,
         shutdown.clone(),
     ));
+    (publishing, status_rx)
+}
+
+/// Serves `edra status` on the runtime directory's socket (no task when it cannot be bound).
+fn serve_status(
+    config: &Config,
+    backend: Arc<dyn DeviceBackend>,
+    views: &Views,
+    plugin: &PluginServer,
+    publish: &watch::Receiver<PublishStatus>,
+    pods: Arc<crate::prepare::in_use::PodsInUse>,
+    shutdown: &watch::Receiver<bool>,
+) -> Option<JoinHandle<()>> {
     let status = crate::status::collect::StatusSources {
         node: config.node_name.clone(),
         driver: config.driver_name.clone(),
-        backend: backend.clone(),
-        store: store.clone(),
-        inventory: inventory_rx.clone(),
-        health: health_snapshot.clone(),
-        owned_mig: owned_mig.clone(),
+        backend,
+        store: views.store.clone(),
+        inventory: views.inventory.clone(),
+        health: views.health.clone(),
+        owned_mig: views.owned_mig.clone(),
         registration: plugin.registration(),
-        publish: status_rx.clone(),
-        pods: pods_in_use,
+        publish: publish.clone(),
+        pods,
         started_at: crate::health::view::unix_secs(std::time::SystemTime::now()),
     };
-    let serving_status = crate::status::server::start(&config.paths.runtime_dir, status, shutdown.clone());
+    crate::status::server::start(&config.paths.runtime_dir, status, shutdown.clone())
+}
+
+/// Starts the task that writes the prepared claims' device status.
+fn keep_claim_status(
+    config: &Config,
+    cluster: &Arc<Cluster>,
+    views: &Views,
+    claims_changed: watch::Receiver<u64>,
+    shutdown: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
     let claim_status = crate::publish::claim_status::ClaimStatusSettings {
         driver: config.driver_name.clone(),
         mps_pipe_dir: crate::prepare::mps::CONTAINER_PIPE_DIR,
     };
-    let writing_status = tokio::spawn(crate::publish::claim_status::keep_claim_status(
+    tokio::spawn(crate::publish::claim_status::keep_claim_status(
         cluster.clone(),
         claim_status,
-        store.clone(),
-        (inventory_rx.clone(), health_snapshot.clone()),
+        views.store.clone(),
+        (views.inventory.clone(), views.health.clone()),
         claims_changed,
         shutdown.clone(),
-    ));
-    let rediscovering = tokio::spawn(rediscover(
-        backend,
-        inventory_tx,
-        (config.rediscovery_interval, owned_mig.clone()),
-        shutdown.clone(),
-    ));
-    let serving_metrics = metrics_listener.map(|listener| {
-        let api_client = client.clone();
-        let sources = StateSources {
-            registration: plugin.registration(),
-            publish: status_rx.clone(),
-            api_stats: Arc::new(move || api_client.stats()),
-        };
-        let readiness =
-            Readiness { registration: plugin.registration(), publish: status_rx.clone(), state: store_health };
-        let mut metrics = Metrics::new(&calls, sources);
-        metrics.register_gpu_changes(gpu_changes);
-        metrics.register_mps(mps_stats);
-        metrics.register_health(inventory_rx.clone(), health_snapshot.clone());
-        metrics.register_gpu_use(inventory_rx.clone(), store.clone(), owned_mig.clone());
-        listener.serve(Endpoints { metrics, readiness }, shutdown.clone())
-    });
-    let notifier = systemd_notifier();
-    let watchdog = notifier.clone().map(|n| tokio::spawn(ping_watchdog(n, shutdown.clone())));
-    let readiness =
-        tokio::spawn(report_readiness(plugin.registration(), status_rx, notifier.clone(), shutdown.clone()));
+    ))
+}
 
-    stopped(&mut shutdown).await;
+/// The metrics `/metrics` serves: kubelet calls, the API client, registration and
+/// publishing, GPU changes and MPS daemons, GPU health and use.
+fn metrics(
+    client: &Client,
+    plugin: &PluginServer,
+    publish: &watch::Receiver<PublishStatus>,
+    calls: &CallMetrics,
+    (gpu_changes, mps_stats): (Arc<crate::gpu::ChangeCounts>, Arc<crate::gpu::mps::MpsStats>),
+    views: &Views,
+) -> Metrics {
+    let api_client = client.clone();
+    let sources = StateSources {
+        registration: plugin.registration(),
+        publish: publish.clone(),
+        api_stats: Arc::new(move || api_client.stats()),
+    };
+    let mut metrics = Metrics::new(calls, sources);
+    metrics.register_gpu_changes(gpu_changes);
+    metrics.register_mps(mps_stats);
+    metrics.register_health(views.inventory.clone(), views.health.clone());
+    metrics.register_gpu_use(views.inventory.clone(), views.store.clone(), views.owned_mig.clone());
+    metrics
+}
+
+/// The stop after `shutdown`: tells systemd, stops serving the kubelet within the `grace`
+/// period, waits for the `tasks`, makes lazily recorded releases durable, and fails when
+/// kubelet calls were aborted after the grace period.
+async fn drain(
+    notifier: Option<Arc<Notifier>>,
+    plugin: PluginServer,
+    tasks: impl Iterator<Item = JoinHandle<()>>,
+    store: Store,
+    grace: std::time::Duration,
+) -> Result<(), AppError> {
     if let Some(n) = &notifier {
         let _ = n.stopping();
     }
-    let aborted = plugin.shutdown(config.shutdown_grace).await;
-    let tasks = [
-        publishing,
-        rediscovering,
-        readiness,
-        healing,
-        supervising,
-        releasing,
-        listing_health,
-        monitor.task,
-        writing_status,
-    ];
-    for task in tasks
-        .into_iter()
-        .chain(watchdog)
-        .chain(serving_metrics)
-        .chain(prefetching)
-        .chain(serving_status)
-        .chain(serving_limits)
-    {
+    let aborted = plugin.shutdown(grace).await;
+    for task in tasks {
         let _ = task.await;
     }
     // Releases recorded lazily reach the disk now rather than with sled's next flush.
@@ -339,7 +487,7 @@ pub async fn run_signalling(
             "stopped after aborting {aborted} kubelet call{} still running after the {}s grace period \
              (plugin.shutdown_grace); the kubelet retries them",
             if aborted == 1 { "" } else { "s" },
-            config.shutdown_grace.as_secs_f64()
+            grace.as_secs_f64()
         )));
     }
     info!("stopped");
