@@ -35,8 +35,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
+use super::auth::{Auth, Credentials};
 use super::backoff::{Backoff, RateLimiter, deadline_in};
-use super::credentials::{Auth, Credentials, read_token};
+use super::credentials::read_token;
 use super::error::find_tls_error;
 use super::{Error, tls};
 

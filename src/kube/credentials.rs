@@ -1,79 +1,16 @@
-//! Where edra's Kubernetes credentials come from and what they are. Resolution order
-//! (first found wins): the configured kubeconfig, `KUBECONFIG`, the in-cluster service
-//! account, the k3s kubelet's kubeconfig, the k3s server's kubeconfig. Resolution takes the
-//! environment as a map so it is testable without touching the process environment.
-//! Secrets (tokens, key material) are redacted in `Debug`.
+//! Where edra's Kubernetes credentials come from (what they are is [`super::auth`]).
+//! Resolution order (first found wins): the configured kubeconfig, `KUBECONFIG`, the
+//! in-cluster service account, the k3s kubelet's kubeconfig, the k3s server's kubeconfig.
+//! Resolution takes the environment as a map so it is testable without touching the
+//! process environment.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::Error;
+pub use super::auth::{Auth, Credentials, Pem, Secret};
+pub use super::error::NO_CREDENTIALS_FIX;
 use super::kubeconfig;
-
-/// Secret text (a bearer token); `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(s: impl Into<String>) -> Self {
-        Secret(s.into())
-    }
-    /// The secret itself, for the `Authorization` header only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
-
-/// PEM material, inline (from `*-data`) or in a file that is re-read when it changes.
-#[derive(Clone, PartialEq, Eq)]
-pub enum Pem {
-    Data(Vec<u8>),
-    File(PathBuf),
-}
-
-impl std::fmt::Debug for Pem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Pem::Data(d) => write!(f, "Pem::Data(<{} bytes redacted>)", d.len()),
-            Pem::File(p) => f.debug_tuple("Pem::File").field(p).finish(),
-        }
-    }
-}
-
-/// How edra authenticates to the API server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Auth {
-    /// No client authentication (only useful for tests and anonymous servers).
-    None,
-    /// A static bearer token.
-    Token(Secret),
-    /// A bearer token read from a file, re-read when the file changes (rotation).
-    TokenFile(PathBuf),
-    /// A client certificate and key; files are re-read when they change (k3s re-signs).
-    ClientCert { cert: Pem, key: Pem },
-}
-
-/// Everything needed to reach and authenticate to one API server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Credentials {
-    /// `https://host:port`, without a trailing slash.
-    pub server: String,
-    /// The certificate authority that signs the server certificate.
-    pub ca: Option<Pem>,
-    /// Skip server certificate verification (only when explicitly asked for).
-    pub insecure_skip_tls_verify: bool,
-    /// Override of the name checked in the server certificate (`tls-server-name`).
-    pub tls_server_name: Option<String>,
-    pub auth: Auth,
-    /// Human description of where the identity came from.
-    pub identity: String,
-}
 
 /// Inputs of credential resolution (from `config.kube` plus the environment).
 #[derive(Debug, Clone)]
@@ -108,10 +45,6 @@ impl Sources {
 /// documentation and the example configuration (a test holds them to it).
 pub const SEARCH_ORDER: &str = "KUBECONFIG, ~/.kube/config, in-cluster (service account), \
      the k3s kubelet kubeconfig, the k3s server kubeconfig";
-
-/// What to do when no source had credentials.
-pub const NO_CREDENTIALS_FIX: &str = "set kubernetes.kubeconfig (--kubeconfig) or KUBECONFIG, run in a pod with a \
-     service account, or run on a k3s node as root";
 
 /// Find credentials in [`SEARCH_ORDER`]: the first source present wins; a present but broken source is an
 /// error (it is not skipped), so a typo never silently selects another cluster.

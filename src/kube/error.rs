@@ -73,6 +73,11 @@ impl std::fmt::Display for ApiError {
     }
 }
 
+/// What to do when no source had credentials: the end of [`Error::NoCredentials`]'s message
+/// (also `credentials::NO_CREDENTIALS_FIX`, where the search order is).
+pub const NO_CREDENTIALS_FIX: &str = "set kubernetes.kubeconfig (--kubeconfig) or KUBECONFIG, run in a pod with a \
+     service account, or run on a k3s node as root";
+
 /// Everything that can go wrong talking to the API server.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -158,7 +163,7 @@ pub enum Error {
     #[error(
         "no usable Kubernetes credentials; tried, in order:\n  - {}\n{}",
         tried.join("\n  - "),
-        crate::kube::credentials::NO_CREDENTIALS_FIX
+        NO_CREDENTIALS_FIX
     )]
     NoCredentials { tried: Vec<String> },
     /// The TLS client configuration could not be built.

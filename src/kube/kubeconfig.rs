@@ -10,7 +10,7 @@ use base64::Engine;
 use serde::Deserialize;
 
 use super::Error;
-use super::credentials::{Auth, Credentials, Pem, Secret};
+use super::auth::{Auth, Credentials, Pem, PemKind, Secret};
 
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "kebab-case")]
@@ -299,13 +299,6 @@ fn pem_source(
             Ok(Some(Pem::File(path)))
         }
     }
-}
-
-/// What a PEM block must contain.
-#[derive(Clone, Copy)]
-pub enum PemKind {
-    Cert,
-    Key,
 }
 
 fn check_pem(file: &Path, what: &str, data: &[u8], kind: PemKind) -> Result<(), Error> {

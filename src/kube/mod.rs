@@ -1,6 +1,6 @@
 //! edra's own Kubernetes API client, on hyper 1 + rustls (ring): credentials from a
 //! kubeconfig, `KUBECONFIG`, the in-cluster service account or the k3s kubeconfigs
-//! ([`credentials`], [`kubeconfig`]); TLS with reloading client certificates ([`tls`]);
+//! ([`credentials`], [`kubeconfig`]; what they are: [`auth`]); TLS with reloading client certificates ([`tls`]);
 //! pure request builders ([`request`]); transport with rate limit, timeouts and retries
 //! ([`client`]); the operations edra needs ([`api`]); version conversion of
 //! resource.k8s.io objects ([`convert`]); a watcher of ResourceSlices and of this node's pods
@@ -10,6 +10,7 @@
 //! resource.k8s.io version as the agent shares it ([`cluster`]).
 
 pub mod api;
+pub mod auth;
 pub mod backoff;
 pub mod client;
 pub mod cluster;
@@ -25,9 +26,10 @@ pub mod tls;
 pub mod watcher;
 
 pub use api::SliceList;
+pub use auth::{Auth, Credentials, Pem, Secret};
 pub use client::{Client, ClientSettings, RequestStats};
 pub use cluster::Cluster;
-pub use credentials::{Auth, Credentials, Pem, Secret, Sources};
+pub use credentials::Sources;
 pub use error::{ApiError, Error, MAX_RETRY_AFTER, decode_status};
 pub use request::ResourceApi;
 pub use review::{AccessCheck, AccessDecision, SubjectInfo};

@@ -16,8 +16,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use super::Error;
-use super::credentials::{Auth, Credentials, Pem};
-use super::kubeconfig::PemKind;
+use super::auth::{Auth, Credentials, Pem, PemKind};
 
 /// The crypto provider edra uses everywhere: ring, explicitly.
 pub fn provider() -> Arc<CryptoProvider> {
