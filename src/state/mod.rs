@@ -38,8 +38,6 @@ mod meta;
 mod mps_daemons;
 pub mod record;
 mod shares;
-#[cfg(test)]
-mod test_hooks;
 
 use std::fs::DirBuilder;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};

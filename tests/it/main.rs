@@ -21,4 +21,5 @@ mod packaging;
 mod plugin_grpc;
 mod runtime;
 mod selftest;
+mod shape;
 mod support;

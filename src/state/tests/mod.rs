@@ -541,3 +541,4 @@ fn holdings_whose_record_is_gone_hold_nothing_and_recovery_drops_them() {
 }
 
 mod fresh;
+mod hooks;

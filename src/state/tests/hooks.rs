@@ -5,8 +5,8 @@
 use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 
-use super::Store;
-use super::db::db_err;
+use crate::state::Store;
+use crate::state::db::db_err;
 
 impl Store {
     /// Flushes made since the database was opened, and a guard holding back every flush
