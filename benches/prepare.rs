@@ -100,10 +100,11 @@ async fn mig() {
     for k in 0..MIG_CLAIMS {
         let placement = profile.placements[k % 2];
         let t = Instant::now();
-        let i = edra::gpu::mig::MigControl::create_mig(control, &gpu.uuid, &profile, placement).expect("create");
+        let i =
+            edra::gpu::mig_control::MigControl::create_mig(control, &gpu.uuid, &profile, placement).expect("create");
         create.push(t.elapsed());
         let t = Instant::now();
-        edra::gpu::mig::MigControl::destroy_mig(control, &gpu.uuid, i.gi, i.ci).expect("destroy");
+        edra::gpu::mig_control::MigControl::destroy_mig(control, &gpu.uuid, i.gi, i.ci).expect("destroy");
         destroy.push(t.elapsed());
     }
     println!(
@@ -161,10 +162,11 @@ async fn mig_nvml() {
     for k in 0..MIG_CLAIMS {
         let placement = profile.placements[k % 2];
         let t = Instant::now();
-        let i = edra::gpu::mig::MigControl::create_mig(&backend, &gpu.uuid, &profile, placement).expect("create");
+        let i =
+            edra::gpu::mig_control::MigControl::create_mig(&backend, &gpu.uuid, &profile, placement).expect("create");
         create.push(t.elapsed());
         let t = Instant::now();
-        edra::gpu::mig::MigControl::destroy_mig(&backend, &gpu.uuid, i.gi, i.ci).expect("destroy");
+        edra::gpu::mig_control::MigControl::destroy_mig(&backend, &gpu.uuid, i.gi, i.ci).expect("destroy");
         destroy.push(t.elapsed());
     }
     println!(

@@ -14,7 +14,7 @@
 //! - [`gpu`]: actuators with side effects on a GPU (compute mode, time-slice, MPS daemons,
 //!   MIG instances).
 //! - [`sharing`]: how full GPUs are offered: whole, as memory shares, or as replicas.
-//! - [`mig`]: dynamic MIG: which GPUs are carved on demand and what they publish.
+//! - [`dynamic_mig`]: dynamic MIG: which GPUs are carved on demand and what they publish.
 //! - [`health`]: GPU health from NVML events and probes: conditions that become taints.
 //! - [`device_config`]: the opaque `GpuConfig` model, shared by prepare and state.
 //! - [`state`]: node-local allocation state in sled, durable and schema-versioned.
@@ -24,7 +24,7 @@
 //! - [`hook`]: the OCI hooks the CDI specs call (`edra hook ...`).
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
-//! - [`instance`]: the lock files that keep a second agent off the node.
+//! - [`node_lock`]: the lock files that keep a second agent off the node.
 //! - [`dirmode`]: the directories edra uses that others could write in.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
 //! - [`failpoint`]: crash points of prepare and unprepare for crash-consistency tests.
@@ -37,17 +37,17 @@ pub mod config;
 pub mod device_config;
 pub mod dirmode;
 pub mod doctor;
+pub mod dynamic_mig;
 pub mod failpoint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gpu;
 pub mod health;
 pub mod hook;
-pub mod instance;
 pub mod inventory;
 pub mod kube;
 pub mod malloc;
-pub mod mig;
+pub mod node_lock;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;

@@ -210,18 +210,18 @@ struct Views {
     inventory: watch::Receiver<Arc<Inventory>>,
     health: watch::Receiver<Arc<HealthSnapshot>>,
     store: Store,
-    owned_mig: watch::Receiver<Arc<crate::mig::OwnedInstances>>,
+    owned_mig: watch::Receiver<Arc<crate::dynamic_mig::OwnedInstances>>,
 }
 
 /// One agent per node: taken before anything touches the sockets, the CDI specs, the
 /// state or the metrics port (so a second instance is told what really stops it).
-fn lock_node(config: &Config) -> Result<crate::instance::InstanceLock, AppError> {
-    let lock_paths = crate::instance::lock_paths(
+fn lock_node(config: &Config) -> Result<crate::node_lock::InstanceLock, AppError> {
+    let lock_paths = crate::node_lock::lock_paths(
         &config.paths.plugin_dir(&config.driver_name),
         &config.paths.cdi_dynamic_dir,
         &crate::prepare::cdi::vendor(&config.driver_name),
     );
-    Ok(crate::instance::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?)
+    Ok(crate::node_lock::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?)
 }
 
 /// The metrics port, bound early. A port another process holds does not stop edra (it is

@@ -151,7 +151,7 @@ pub(super) async fn list_device_health(
 pub(super) async fn rediscover(
     backend: Arc<dyn DeviceBackend>,
     tx: watch::Sender<Arc<Inventory>>,
-    (every, mut mig): (Duration, watch::Receiver<Arc<crate::mig::OwnedInstances>>),
+    (every, mut mig): (Duration, watch::Receiver<Arc<crate::dynamic_mig::OwnedInstances>>),
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval_at(kube::backoff::deadline_in(every), every);
@@ -192,8 +192,8 @@ pub(super) async fn rediscover(
 pub(super) struct Offers {
     pub sharing: crate::sharing::SharingSettings,
     pub held_shares: watch::Receiver<Arc<std::collections::BTreeSet<String>>>,
-    pub mig: crate::mig::MigSettings,
-    pub owned_mig: watch::Receiver<Arc<crate::mig::OwnedInstances>>,
+    pub mig: crate::dynamic_mig::MigSettings,
+    pub owned_mig: watch::Receiver<Arc<crate::dynamic_mig::OwnedInstances>>,
 }
 
 pub(super) async fn publish(

@@ -302,7 +302,7 @@ pub fn evaluate_sharing(sharing: &SharingSettings, slices: &[ResourceSlice]) -> 
 /// Dynamic MIG as published: whether the GPUs `[mig] dynamic` selects went out carved
 /// (counter sets), and which of them have MIG instances edra did not create (their counter
 /// set is published but the whole GPU is not).
-pub fn evaluate_mig(mig: &crate::mig::MigSettings, slices: &[ResourceSlice]) -> CheckResult {
+pub fn evaluate_mig(mig: &crate::dynamic_mig::MigSettings, slices: &[ResourceSlice]) -> CheckResult {
     if !mig.any() {
         return CheckResult::pass(MIG, "static MIG: MIG devices are published as they exist ([mig] dynamic is empty)");
     }
@@ -321,12 +321,12 @@ pub fn evaluate_mig(mig: &crate::mig::MigSettings, slices: &[ResourceSlice]) -> 
                  has no partitionable devices (its {} gate is off, it is older than Kubernetes 1.35 or serves \
                  only v1beta1/v1beta2), or no selected GPU is a MIG-capable GPU in MIG mode",
                 devices.len(),
-                crate::mig::FEATURE_GATE
+                crate::dynamic_mig::FEATURE_GATE
             ),
             format!(
                 "enable {} on kube-apiserver and kube-scheduler (on by default from 1.36) and restart edra; enable \
                  MIG mode with `nvidia-smi -i <gpu> -mig 1`; the agent's log says which applies",
-                crate::mig::FEATURE_GATE
+                crate::dynamic_mig::FEATURE_GATE
             ),
         );
     }

@@ -7,13 +7,13 @@
 //!   backend's own memory.
 //! - [`timeslice::NvidiaSmi`]: the time-slice interval, through the host's `nvidia-smi`
 //!   (NVML has no call for it).
-//! - [`mig::MigControl`]: MIG GPU and compute instances (dynamic MIG), through NVML or
+//! - [`mig_control::MigControl`]: MIG GPU and compute instances (dynamic MIG), through NVML or
 //!   the mock backend's own state.
 //! - [`mps::MpsDaemons`]: per-claim MPS control daemons (start, check, stop).
 //! - [`memory_limit::LimitControl`]: GPU memory limits per cgroup, through NVML.
 
 pub mod memory_limit;
-pub mod mig;
+pub mod mig_control;
 pub mod mps;
 pub mod timeslice;
 

@@ -12,7 +12,7 @@
 //! created and destroyed on demand ([`mig`]); the instances that exist are listed as MIG
 //! devices, as `mock.mig` ones are.
 
-pub mod mig;
+pub mod mig_state;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,7 +36,7 @@ pub struct MockBackend {
     /// Compute modes set so far, by GPU UUID (unset: Default, as after a boot).
     modes: Arc<Mutex<BTreeMap<String, ComputeMode>>>,
     /// Dynamic MIG, with `mock.mig_mode` on a model with a known profile table.
-    mig: Option<Arc<mig::MockMigControl>>,
+    mig: Option<Arc<mig_state::MockMigControl>>,
 }
 
 impl MockBackend {
@@ -52,16 +52,16 @@ impl MockBackend {
         };
         let s = &backend.settings;
         if s.mig_mode
-            && let Some(capability) = crate::gpu::mig::profiles::for_model(&s.product_name, s.memory)
+            && let Some(capability) = crate::gpu::mig_control::profiles::for_model(&s.product_name, s.memory)
         {
             let gpus = (0..s.gpus)
-                .map(|index| mig::MigModeGpu {
+                .map(|index| mig_state::MigModeGpu {
                     uuid: gpu_uuid(&backend.node, index),
                     index,
                     capability: capability.clone(),
                 })
                 .collect();
-            let control = mig::MockMigControl::new(&backend.node, &cfg.paths.runtime_dir, gpus);
+            let control = mig_state::MockMigControl::new(&backend.node, &cfg.paths.runtime_dir, gpus);
             backend.mig = Some(Arc::new(control));
         }
         backend
@@ -69,7 +69,7 @@ impl MockBackend {
 
     /// The dynamic MIG control, when the GPUs are in MIG mode (for tests and tools that
     /// look at the mock's instances).
-    pub fn mig_control(&self) -> Option<&mig::MockMigControl> {
+    pub fn mig_control(&self) -> Option<&mig_state::MockMigControl> {
         self.mig.as_deref()
     }
 
@@ -175,8 +175,8 @@ impl DeviceBackend for MockBackend {
         })
     }
 
-    fn mig(&self) -> Option<&dyn crate::gpu::mig::MigControl> {
-        self.mig.as_deref().map(|m| m as &dyn crate::gpu::mig::MigControl)
+    fn mig(&self) -> Option<&dyn crate::gpu::mig_control::MigControl> {
+        self.mig.as_deref().map(|m| m as &dyn crate::gpu::mig_control::MigControl)
     }
 }
 

@@ -41,7 +41,7 @@ pub enum DeviceKind {
     /// A MIG device carved out of a GPU.
     Mig(MigInfo),
     /// A MIG device a dynamic-MIG GPU can be carved into: it does not exist until a claim
-    /// allocated it is prepared (see [`crate::gpu::mig`]).
+    /// allocated it is prepared (see [`crate::gpu::mig_control`]).
     MigSlot(Box<MigSlot>),
 }
 
@@ -55,9 +55,9 @@ pub struct MigSlot {
     /// Index of the parent GPU.
     pub parent_index: u32,
     /// The GPU instance profile.
-    pub profile: crate::gpu::mig::MigProfile,
+    pub profile: crate::gpu::mig_control::MigProfile,
     /// Where the GPU instance is created.
-    pub placement: crate::gpu::mig::Placement,
+    pub placement: crate::gpu::mig_control::Placement,
 }
 
 /// Where a MIG device lives.
@@ -102,7 +102,7 @@ pub struct Device {
     /// [`crate::sharing`], never by a backend.
     pub shared: Option<SharePolicy>,
     /// The counters this device consumes from its GPU's counter set (dynamic MIG); set by
-    /// [`crate::mig`], never by a backend.
+    /// [`crate::dynamic_mig`], never by a backend.
     pub consumes: Option<CounterUse>,
 }
 
@@ -144,9 +144,9 @@ pub struct MigGpu {
     /// MIG devices exist on it now.
     pub device: Device,
     /// What it can be carved into.
-    pub capability: crate::gpu::mig::MigCapability,
+    pub capability: crate::gpu::mig_control::MigCapability,
     /// The GPU instances that exist, created by edra or not.
-    pub instances: Vec<crate::gpu::mig::MigInstance>,
+    pub instances: Vec<crate::gpu::mig_control::MigInstance>,
 }
 
 /// The memory request policy of a shareable GPU, in bytes: `default` when a claim asks for
@@ -172,7 +172,7 @@ pub struct Inventory {
     /// GPUs in MIG mode whose MIG capability the backend could read, with the MIG
     /// instances on them now (for dynamic MIG); their static MIG devices are in `devices`.
     pub mig_gpus: Vec<MigGpu>,
-    /// Counter sets to publish (dynamic MIG); set by [`crate::mig`], never by a backend.
+    /// Counter sets to publish (dynamic MIG); set by [`crate::dynamic_mig`], never by a backend.
     pub counter_sets: Vec<CounterSet>,
 }
 
@@ -201,7 +201,7 @@ pub trait DeviceBackend: crate::gpu::ComputeModes + Send + Sync {
     /// Discovers the devices now. Devices come back sorted by name, validated for publishing.
     fn discover(&self) -> Result<Inventory, InventoryError>;
     /// MIG instance control, when this backend can create and destroy MIG instances.
-    fn mig(&self) -> Option<&dyn crate::gpu::mig::MigControl> {
+    fn mig(&self) -> Option<&dyn crate::gpu::mig_control::MigControl> {
         None
     }
 }

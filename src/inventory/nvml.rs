@@ -258,7 +258,7 @@ impl DeviceBackend for NvmlBackend {
         Ok(inv)
     }
 
-    fn mig(&self) -> Option<&dyn crate::gpu::mig::MigControl> {
+    fn mig(&self) -> Option<&dyn crate::gpu::mig_control::MigControl> {
         Some(self)
     }
 }
@@ -273,7 +273,7 @@ impl NvmlBackend {
     }
 
     /// Logs that a GPU's MIG capability could not be read, once per GPU and cause.
-    fn warn_mig_once(&self, uuid: &str, error: &crate::gpu::mig::MigError) {
+    fn warn_mig_once(&self, uuid: &str, error: &crate::gpu::mig_control::MigError) {
         let first = self.first_time(uuid, &error.to_string());
         if first {
             tracing::warn!(gpu = uuid, %error, "MIG capability not readable; the GPU gets no dynamic MIG devices");

@@ -23,7 +23,7 @@ use sys::nvmlGpuInstance_t;
 
 use super::attributes::{mig_memory_gb, mig_profile_name};
 use super::nvml::NvmlBackend;
-use crate::gpu::mig::{MigCapability, MigControl, MigError, MigInstance, MigProfile, Placement};
+use crate::gpu::mig_control::{MigCapability, MigControl, MigError, MigInstance, MigProfile, Placement};
 use crate::inventory::MigGpu;
 use raw::{Fail, INSUFFICIENT_RESOURCES, INVALID_ARGUMENT, NOT_FOUND, Raw};
 

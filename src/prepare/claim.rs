@@ -13,7 +13,9 @@ use crate::state::{ClaimRecord, Phase, SCHEMA_VERSION};
 
 use super::shared::{enforced_shares, shared_holder};
 use super::{AllocationError, ClaimError, GpuChangeError};
-use super::{PrepareError, Preparer, blocking, cdi, cdi_validate, failpoint, message, mig, mps, now_secs, plan};
+use super::{
+    PrepareError, Preparer, blocking, cdi, cdi_validate, failpoint, message, mig_instances, mps, now_secs, plan,
+};
 
 /// A claim planned for prepare: its record and the GPU changes it needs.
 #[derive(Clone)]
@@ -54,7 +56,7 @@ impl Preparer {
                         .into()
                     }));
                 }
-                Arc::new(mig::with_mig_devices(&inventory, &record.devices, &s.dev_root, &s.proc_root))
+                Arc::new(mig_instances::with_mig_devices(&inventory, &record.devices, &s.dev_root, &s.proc_root))
             }
         };
         let mut devices = Vec::new();
@@ -176,7 +178,10 @@ impl Preparer {
             // Checked now with the parent GPUs standing in; planned again once created.
             true => {
                 let s = &self.inner.settings;
-                plan::mps_plan(&devices, &mig::with_mig_devices(&inventory, &devices, &s.dev_root, &s.proc_root))?
+                plan::mps_plan(
+                    &devices,
+                    &mig_instances::with_mig_devices(&inventory, &devices, &s.dev_root, &s.proc_root),
+                )?
             }
         };
         let record = ClaimRecord {
@@ -236,7 +241,8 @@ impl Preparer {
                     true => {
                         let s = &self.inner.settings;
                         let inventory = self.inventory_view();
-                        let inventory = mig::with_mig_devices(&inventory, &record.devices, &s.dev_root, &s.proc_root);
+                        let inventory =
+                            mig_instances::with_mig_devices(&inventory, &record.devices, &s.dev_root, &s.proc_root);
                         created = plan::mps_plan(&record.devices, &inventory)?;
                         created.as_ref().unwrap_or(p)
                     }

@@ -7,7 +7,7 @@ use crate::gpu::GpuError;
 use crate::state::StateError;
 
 use super::shared::enforcement_summary;
-use super::{config, mig};
+use super::{config, mig_instances};
 
 /// Why a ResourceClaim could not be fetched.
 #[derive(Debug, thiserror::Error)]
@@ -409,7 +409,7 @@ pub enum GpuChangeError {
     },
     /// A MIG instance could not be listed, created or destroyed.
     #[error(transparent)]
-    Mig(Box<mig::MigFailure>),
+    Mig(Box<mig_instances::MigFailure>),
     /// A prepared claim's MIG instance was lost and could not be created again.
     #[error(
         "the MIG instance of {device} (profile {profile} at placement {placement} of GPU {gpu}) was lost, most likely \
@@ -421,7 +421,7 @@ pub enum GpuChangeError {
         /// The GPU instance profile.
         profile: String,
         /// The placement.
-        placement: crate::gpu::mig::Placement,
+        placement: crate::gpu::mig_control::Placement,
         /// The GPU's UUID.
         gpu: String,
         /// Why it could not be created again.

@@ -32,7 +32,7 @@ pub mod in_use;
 pub use crate::failpoint;
 pub mod locks;
 pub mod memory_limit;
-pub mod mig;
+pub mod mig_instances;
 pub mod mps;
 pub mod plan;
 pub mod prefetch;
@@ -144,7 +144,7 @@ struct Inner {
     /// The device backend, for MIG instances (none: MIG devices cannot be prepared).
     backend: Option<Arc<dyn DeviceBackend>>,
     /// The MIG instances recorded (for the publisher, which tells them from foreign ones).
-    owned_mig: watch::Sender<Arc<crate::mig::OwnedInstances>>,
+    owned_mig: watch::Sender<Arc<crate::dynamic_mig::OwnedInstances>>,
     /// Claims prepared early that the kubelet has not asked for yet: UID → (namespace, name).
     staged: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
     /// Whether edra reads claims as this node, once the API server said ([`stale`]).

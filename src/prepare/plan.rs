@@ -163,7 +163,7 @@ fn mig_intent(device: &crate::inventory::Device) -> Option<MigRecord> {
 /// GPU on this node, what keeps the GPU from being carved; otherwise an unknown device.
 fn unresolved(settings: &PrepareSettings, inventory: &Inventory, name: &str) -> PrepareError {
     let unknown: PrepareError = AllocationError::UnknownDevice { device: name.to_string() }.into();
-    let Some((minor, _, _)) = crate::mig::parse_slot_name(name) else { return unknown };
+    let Some((minor, _, _)) = crate::dynamic_mig::parse_slot_name(name) else { return unknown };
     let whole = inventory.mig_gpus.iter().map(|g| &g.device).chain(&inventory.devices);
     let Some(gpu) = whole.filter(|d| d.kind == DeviceKind::Gpu).find(|d| d.minor == minor) else { return unknown };
     let reason = if !settings.mig.dynamic.selects(gpu) {

@@ -13,7 +13,7 @@
 //! no record owns and temp files whose writer is gone, drops device holdings and shares whose claim has no record (a lazy release cut
 //! short), and stores the boot ID. Each claim is handled under its lock, so recovery can run
 //! while the kubelet is served (after a re-open) without undoing a prepare in flight. The
-//! instance lock ([`crate::instance`]) makes edra the only writer of its kind's specs in
+//! instance lock ([`crate::node_lock`]) makes edra the only writer of its kind's specs in
 //! the CDI directory, so a spec without a record is its own and stale.
 //!
 //! MIG instances ([`super::mig`]): those recorded for a claim that is not completed are
@@ -163,12 +163,12 @@ impl Preparer {
                     return Ok(());
                 }
                 let rec = match self.recover_migs(&rec)? {
-                    super::mig::MigCheck::Present => rec,
-                    super::mig::MigCheck::Lost => {
+                    super::mig_instances::MigCheck::Present => rec,
+                    super::mig_instances::MigCheck::Lost => {
                         report.mig_lost.push(rec.uid);
                         return Ok(());
                     }
-                    super::mig::MigCheck::Recreated => {
+                    super::mig_instances::MigCheck::Recreated => {
                         // The spec names the old UUID and capability nodes.
                         cdi::remove_spec(&rec.cdi_spec_path).map_err(|source| PrepareError::Cdi {
                             op: "remove",

@@ -36,7 +36,7 @@ pub struct PrepareSettings {
     /// How full GPUs are offered (which replica names exist).
     pub sharing: crate::sharing::SharingSettings,
     /// Which GPUs are carved into MIG devices on demand (which MIG device names exist).
-    pub mig: crate::mig::MigSettings,
+    pub mig: crate::dynamic_mig::MigSettings,
 }
 
 /// The folder of the driver root's NVML library, for tools the driver root ships, when the

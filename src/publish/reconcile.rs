@@ -41,7 +41,7 @@ pub struct Publisher {
     machine: Machine,
     health: Option<watch::Receiver<Arc<HealthSnapshot>>>,
     held_shares: Option<watch::Receiver<Arc<std::collections::BTreeSet<String>>>>,
-    owned_mig: Option<watch::Receiver<Arc<crate::mig::OwnedInstances>>>,
+    owned_mig: Option<watch::Receiver<Arc<crate::dynamic_mig::OwnedInstances>>>,
 }
 
 impl Publisher {
@@ -85,9 +85,9 @@ impl Publisher {
     /// those GPUs is foreign and its space is not offered.
     pub fn with_mig(
         mut self,
-        mig: crate::mig::MigSettings,
+        mig: crate::dynamic_mig::MigSettings,
         supported: Result<(), String>,
-        mut owned: watch::Receiver<Arc<crate::mig::OwnedInstances>>,
+        mut owned: watch::Receiver<Arc<crate::dynamic_mig::OwnedInstances>>,
     ) -> Self {
         self.machine = self.machine.with_mig(mig, supported).with_owned_mig(owned.borrow_and_update().clone());
         self.owned_mig = Some(owned);

@@ -79,7 +79,7 @@ pub struct MigRecord {
     /// The profile's name, e.g. `3g.40gb`.
     pub profile: String,
     /// Where the GPU instance sits.
-    pub placement: crate::gpu::mig::Placement,
+    pub placement: crate::gpu::mig_control::Placement,
     /// How far edra got.
     pub state: MigState,
     /// GPU instance ID, once created.

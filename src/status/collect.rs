@@ -10,9 +10,9 @@ use tokio::sync::watch;
 use super::{
     ClaimDeviceStatus, ClaimStatus, ConditionStatus, GpuStatus, MigStatus, MpsStatus, NodeStatus, TaintStatus,
 };
+use crate::dynamic_mig::OwnedInstances;
 use crate::health::HealthSnapshot;
 use crate::inventory::{DeviceBackend, DeviceKind, Inventory};
-use crate::mig::OwnedInstances;
 use crate::plugin::RegistrationState;
 use crate::prepare::in_use::PodsInUse;
 use crate::publish::status::PublishStatus;

@@ -12,8 +12,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Unit;
 use tokio::sync::watch;
 
+use crate::dynamic_mig::OwnedInstances;
 use crate::inventory::{DeviceKind, Inventory};
-use crate::mig::OwnedInstances;
 use crate::state::Store;
 
 /// Shares and memory in use per GPU, and MIG instances per GPU.

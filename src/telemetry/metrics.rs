@@ -393,7 +393,7 @@ impl Metrics {
         &mut self,
         inventory: watch::Receiver<Arc<crate::inventory::Inventory>>,
         store: crate::state::Store,
-        owned_mig: watch::Receiver<Arc<crate::mig::OwnedInstances>>,
+        owned_mig: watch::Receiver<Arc<crate::dynamic_mig::OwnedInstances>>,
     ) {
         let health = store.health();
         self.registry.register_collector(Box::new(GpuUseCollector { inventory, store, owned_mig }));

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use edra::config::Config;
-use edra::gpu::mig::{MigControl, MigError, MigProfile, Placement, profiles};
+use edra::gpu::mig_control::{MigControl, MigError, MigProfile, Placement, profiles};
 use edra::inventory::MigGpu;
 use edra::inventory::nvml::NvmlBackend;
 use edra::inventory::{DeviceBackend, DeviceKind};

@@ -153,8 +153,8 @@ fn published_sharing_is_judged_against_the_configuration() {
 
 #[test]
 fn published_mig_is_judged_against_the_configuration() {
-    use crate::gpu::mig::Placement;
-    use crate::mig::{MigSettings, OwnedInstances};
+    use crate::dynamic_mig::{MigSettings, OwnedInstances};
+    use crate::gpu::mig_control::Placement;
     use crate::publish::desired::{NodeIdentity, desired_slices};
     let node = NodeIdentity { name: "n1".into(), uid: None };
     let slices_of = |inv: &crate::inventory::Inventory| -> Vec<ResourceSlice> {
@@ -168,7 +168,7 @@ fn published_mig_is_judged_against_the_configuration() {
             .collect()
     };
     let dynamic = MigSettings { dynamic: crate::sharing::GpuSelection::All };
-    let inv = crate::mig::tests::inventory(2);
+    let inv = crate::dynamic_mig::tests::inventory(2);
     let carved = dynamic.published(&inv, &OwnedInstances::new(), true).inventory;
     let r = evaluate_mig(&dynamic, &slices_of(&carved));
     assert_eq!(
@@ -179,7 +179,7 @@ fn published_mig_is_judged_against_the_configuration() {
     assert_eq!(r.status, Status::Warn, "{r:?}");
     assert!(r.detail.contains("no counter set is published") && r.fix.contains("DRAPartitionableDevices"), "{r:?}");
     let mut foreign = inv.clone();
-    foreign.mig_gpus[1].instances.push(crate::mig::tests::instance(3, 19, 6, 1));
+    foreign.mig_gpus[1].instances.push(crate::dynamic_mig::tests::instance(3, 19, 6, 1));
     let carved = dynamic.published(&foreign, &OwnedInstances::new(), true).inventory;
     let r = evaluate_mig(&dynamic, &slices_of(&carved));
     assert_eq!(r.status, Status::Warn, "{r:?}");

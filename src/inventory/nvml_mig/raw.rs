@@ -8,7 +8,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings as sys;
 use sys::{NvmlLib, nvmlComputeInstance_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlReturn_t};
 
-use crate::gpu::mig::{MigError, Placement};
+use crate::gpu::mig_control::{MigError, Placement};
 
 /// Most placements read for one profile (NVML reports at most 8 on every GPU so far).
 const MAX_PLACEMENTS: u32 = 64;

@@ -164,7 +164,7 @@ impl Fixture {
                 replicas: 4,
                 ..crate::sharing::SharingSettings::default()
             },
-            mig: crate::mig::MigSettings::default(),
+            mig: crate::dynamic_mig::MigSettings::default(),
         };
         let store = open_when_unlocked(&root.join("state"));
         let claims = Arc::new(MemClaims::default());
@@ -445,7 +445,7 @@ async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
 
 mod cancel;
 mod lazy;
-mod mig;
+mod mig_instances;
 mod mps_claims;
 mod recovery;
 mod shares;

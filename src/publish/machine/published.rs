@@ -9,15 +9,15 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use tracing::{info, warn};
 
 use super::Machine;
+use crate::dynamic_mig::Carved;
 use crate::inventory::Inventory;
-use crate::mig::Carved;
 use crate::sharing::{Fallback, SharePolicy, SharingSettings};
 
 /// The dynamic-MIG facts logged last.
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct MigLog {
     dynamic: Vec<String>,
-    foreign: Vec<(String, crate::gpu::mig::MigInstance)>,
+    foreign: Vec<(String, crate::gpu::mig_control::MigInstance)>,
     not_carved: Vec<String>,
 }
 

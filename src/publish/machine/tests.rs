@@ -389,7 +389,7 @@ fn counter_sets(slices: &[ResourceSlice]) -> usize {
 
 #[tokio::test(start_paused = true)]
 async fn counters_the_server_drops_turn_dynamic_mig_static_without_a_write_loop() {
-    let inv = Arc::new(crate::mig::tests::inventory(2));
+    let inv = Arc::new(crate::dynamic_mig::tests::inventory(2));
     let mut m = Machine::new(DRIVER.into(), NodeIdentity { uid: None, ..node() }, inv).with_mig(dynamic_mig(), Ok(()));
     let mut counter = 0;
     m.step(Input::Watch(watcher::Event::Restarted(Vec::new())), Instant::now());
@@ -418,8 +418,8 @@ async fn counters_the_server_drops_turn_dynamic_mig_static_without_a_write_loop(
 
 #[tokio::test(start_paused = true)]
 async fn an_old_server_gets_static_mig_and_instances_edra_owns_are_not_foreign() {
-    let mut inv = crate::mig::tests::inventory(1);
-    inv.mig_gpus[0].instances.push(crate::mig::tests::instance(1, 9, 4, 4));
+    let mut inv = crate::dynamic_mig::tests::inventory(1);
+    inv.mig_gpus[0].instances.push(crate::dynamic_mig::tests::instance(1, 9, 4, 4));
     let inv = Arc::new(inv);
     let mut m = Machine::new(DRIVER.into(), NodeIdentity { uid: None, ..node() }, inv.clone())
         .with_mig(dynamic_mig(), Err("the API server is v1.34.3".into()));
@@ -440,8 +440,10 @@ async fn an_old_server_gets_static_mig_and_instances_edra_owns_are_not_foreign()
     m.step(Input::Applied(applied), Instant::now());
     assert_eq!(fire(&mut m).await, Action::Wait);
     // The preparer says the instance is edra's: its space is offered again.
-    let owned =
-        OwnedInstances::from([(inv.mig_gpus[0].uuid.clone(), crate::gpu::mig::Placement { start: 4, size: 4 })]);
+    let owned = OwnedInstances::from([(
+        inv.mig_gpus[0].uuid.clone(),
+        crate::gpu::mig_control::Placement { start: 4, size: 4 },
+    )]);
     m.step(Input::MigOwned(Arc::new(owned)), Instant::now());
     let Action::Apply(p) = fire(&mut m).await else { panic!("the freed devices are written") };
     assert_eq!(devices_in(&p), 26, "all 26 devices of the GPU");

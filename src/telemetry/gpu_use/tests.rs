@@ -1,7 +1,7 @@
 use super::*;
-use crate::gpu::mig::Placement;
+use crate::dynamic_mig::tests::{instance, inventory};
+use crate::gpu::mig_control::Placement;
 use crate::inventory::MigInfo;
-use crate::mig::tests::{instance, inventory};
 
 #[test]
 fn mig_instances_are_edra_s_when_recorded_for_a_claim_and_foreign_otherwise() {

@@ -7,7 +7,7 @@
 
 #![cfg(debug_assertions)] // failpoints exist in debug builds only
 
-use edra::gpu::mig::{MigControl, Placement};
+use edra::gpu::mig_control::{MigControl, Placement};
 use edra::inventory::mock::MockBackend;
 use edra::plugin::ClaimRef;
 use edra::state::{Phase, Store};
@@ -122,7 +122,8 @@ async fn a_reboot_loses_the_instance_and_the_restarted_agent_creates_it_again() 
     agent.terminate().await;
     // A reboot empties the runtime directory (the GPU's instances) and the CDI directory.
     let fs = cluster.fs();
-    std::fs::remove_file(fs.paths().runtime_dir.join(edra::inventory::mock::mig::STATE_FILE)).expect("state file");
+    std::fs::remove_file(fs.paths().runtime_dir.join(edra::inventory::mock::mig_state::STATE_FILE))
+        .expect("state file");
     std::fs::remove_file(fs.spec_file(&victim.uid)).expect("spec file");
     let agent = ChildAgent::start_configured(&cluster, &config, "", &[]).await;
     assert_eq!(placements(&cluster), [MINE], "re-created at its placement before serving");

@@ -3,7 +3,7 @@
 //! two 3g.40gb devices at placements 0 and 4 prepared in one call and unprepared; the
 //! instances exist exactly while their claims are prepared.
 
-use edra::gpu::mig::Placement;
+use edra::gpu::mig_control::Placement;
 use edra::inventory::mock::MockBackend;
 
 use crate::support::agent::{Agent, Cluster, DRIVER, NODE, prepare, unprepare};
@@ -17,7 +17,7 @@ pub fn placements(cluster: &Cluster) -> Vec<Placement> {
     let backend = MockBackend::new(&cluster.config_with(NODE, MIG_MOCK));
     let control = backend.mig_control().expect("the mock is in MIG mode");
     let uuid = edra::inventory::mock::gpu_uuid(NODE, 0);
-    let mut out: Vec<Placement> = edra::gpu::mig::MigControl::mig_instances(control, &uuid)
+    let mut out: Vec<Placement> = edra::gpu::mig_control::MigControl::mig_instances(control, &uuid)
         .expect("read the mock's MIG state")
         .into_iter()
         .map(|i| i.placement)
@@ -73,9 +73,9 @@ async fn two_3g40gb_devices_at_placements_0_and_4_are_created_and_destroyed() {
 }
 
 /// The MIG instances on the stand-in's GPU 0, as NVML reports them to a fresh backend.
-fn nvml_instances(config: &edra::config::Config) -> Vec<edra::gpu::mig::MigInstance> {
+fn nvml_instances(config: &edra::config::Config) -> Vec<edra::gpu::mig_control::MigInstance> {
     let backend = edra::inventory::nvml::NvmlBackend::load(config).expect("load the stand-in");
-    edra::gpu::mig::MigControl::mig_instances(&backend, "GPU-00000000-0000-0000-0000-000000000000")
+    edra::gpu::mig_control::MigControl::mig_instances(&backend, "GPU-00000000-0000-0000-0000-000000000000")
         .expect("list the instances")
 }
 
@@ -99,7 +99,7 @@ async fn through_nvml_the_stand_in_gets_the_instances_and_a_foreign_one_is_left_
         let inv = edra::inventory::DeviceBackend::discover(&backend).expect("discover");
         let gpu = inv.mig_gpus.first().expect("GPU 0 in MIG mode");
         let small = gpu.capability.profiles.iter().find(|p| p.name == "1g.10gb").expect("1g.10gb").clone();
-        edra::gpu::mig::MigControl::create_mig(&backend, &gpu.uuid, &small, Placement { start: 6, size: 1 })
+        edra::gpu::mig_control::MigControl::create_mig(&backend, &gpu.uuid, &small, Placement { start: 6, size: 1 })
             .expect("a foreign instance");
     }
     let agent = Agent::start(fs.clone(), config.clone()).await;

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use edra::gpu::mig::profiles;
+use edra::dynamic_mig::{MigSettings, OwnedInstances};
+use edra::gpu::mig_control::profiles;
 use edra::inventory::Inventory;
 use edra::inventory::MigGpu;
 use edra::inventory::attributes::{GpuFacts, gpu_device};
 use edra::kube::Client;
-use edra::mig::{MigSettings, OwnedInstances};
 use edra::publish::desired::NodeIdentity;
 use edra::publish::reconcile::{Publisher, accepts_partitions};
 use edra::publish::status::PublishStatus;

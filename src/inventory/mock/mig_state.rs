@@ -1,5 +1,5 @@
 //! The mock backend's dynamic MIG (`mock.mig_mode = true`): every mock GPU whose model has
-//! a known profile table ([`crate::gpu::mig::profiles`]) is in MIG mode, and MIG instances
+//! a known profile table ([`crate::gpu::mig_control::profiles`]) is in MIG mode, and MIG instances
 //! are created and destroyed on demand.
 //!
 //! The instances live in the mock's own state file, `<paths.runtime_dir>/mock-mig.json`,
@@ -17,7 +17,7 @@ use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::mig::{MigCapability, MigControl, MigError, MigInstance, MigProfile, Placement};
+use crate::gpu::mig_control::{MigCapability, MigControl, MigError, MigInstance, MigProfile, Placement};
 
 /// The state file's name under `paths.runtime_dir`.
 pub const STATE_FILE: &str = "mock-mig.json";

@@ -1,5 +1,5 @@
 use crate::config::{Config, LoadContext, Overrides};
-use crate::gpu::mig::{MigError, Placement};
+use crate::gpu::mig_control::{MigError, Placement};
 use crate::inventory::mock::MockBackend;
 use crate::inventory::{DeviceBackend, DeviceKind};
 

@@ -1,5 +1,5 @@
 //! Dynamic MIG in prepare, unprepare and recovery: the MIG instances edra creates for the
-//! claims allocated a MIG device ([`crate::mig`] names them), recorded in the claim's
+//! claims allocated a MIG device ([`crate::dynamic_mig`] names them), recorded in the claim's
 //! record ([`MigRecord`]) before each step that changes the GPU.
 //!
 //! Prepare: the placement is checked free (before anything is recorded), the intent is
@@ -18,9 +18,9 @@ use tokio::sync::watch;
 
 use super::{AllocationError, GpuChangeError};
 use super::{PrepareError, Preparer, failpoint};
-use crate::gpu::mig::{MigControl, MigError, MigInstance, MigProfile};
+use crate::dynamic_mig::OwnedInstances;
+use crate::gpu::mig_control::{MigControl, MigError, MigInstance, MigProfile};
 use crate::inventory::{Device, DeviceKind, Inventory, MigInfo};
-use crate::mig::OwnedInstances;
 use crate::state::{ClaimRecord, DeviceRecord, MigRecord, MigState};
 
 /// A MIG instance could not be listed, created or destroyed.
@@ -41,7 +41,7 @@ pub struct MigFailure {
     /// The GPU instance profile.
     pub profile: String,
     /// The placement.
-    pub placement: crate::gpu::mig::Placement,
+    pub placement: crate::gpu::mig_control::Placement,
     /// The GPU's UUID.
     pub gpu: String,
     /// The backend's error.

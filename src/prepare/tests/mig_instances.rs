@@ -5,7 +5,7 @@
 //! edra did not record are never destroyed.
 
 use super::*;
-use crate::gpu::mig::{MigInstance, Placement};
+use crate::gpu::mig_control::{MigInstance, Placement};
 use crate::inventory::DeviceBackend;
 use crate::inventory::mock::MockBackend;
 use crate::state::MigState;
@@ -54,7 +54,7 @@ impl Mig {
         let backend = mock_backend(&f.root);
         let Fixture { _tmp, root, claims, preparer, inventory_tx, modes, smi, mps } = f;
         let mut settings = preparer.settings().clone();
-        settings.mig = crate::mig::MigSettings { dynamic: crate::sharing::GpuSelection::All };
+        settings.mig = crate::dynamic_mig::MigSettings { dynamic: crate::sharing::GpuSelection::All };
         drop(preparer);
         inventory_tx.send_replace(Arc::new(backend.discover().unwrap()));
         let store = open_when_unlocked(&root.join("state"));
@@ -90,7 +90,7 @@ impl Mig {
     }
 
     fn state_file(&self) -> PathBuf {
-        self.f.root.join("run/edra").join(crate::inventory::mock::mig::STATE_FILE)
+        self.f.root.join("run/edra").join(crate::inventory::mock::mig_state::STATE_FILE)
     }
 
     fn spec(&self, uid: &str) -> cdi::Spec {
@@ -342,7 +342,7 @@ async fn a_crash_at_every_mig_failpoint_converges() {
         let foreign = before.foreign(19, 0);
         drop(before);
         let out = std::process::Command::new(&exe)
-            .args(["--ignored", "--exact", "prepare::tests::mig::mig_crash_child", "--nocapture"])
+            .args(["--ignored", "--exact", "prepare::tests::mig_instances::mig_crash_child", "--nocapture"])
             .env(failpoint::ENV, point)
             .env("CRASH_TEST_DIR", tmp.path())
             .output()

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::*;
-use crate::gpu::mig::profiles;
+use crate::gpu::mig_control::profiles;
 use crate::inventory::attributes::{GpuFacts, gpu_device};
 
 const GI: u64 = 1 << 30;

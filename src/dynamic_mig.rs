@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::gpu::mig::{MigInstance, MigProfile, Placement};
+use crate::gpu::mig_control::{MigInstance, MigProfile, Placement};
 use crate::inventory::MigGpu;
 use crate::inventory::{AttributeValue, CounterSet, CounterUse, Device, DeviceKind, Inventory, MigSlot};
 use crate::sharing::GpuSelection;
