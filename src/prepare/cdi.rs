@@ -287,7 +287,7 @@ pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files
         devices,
         container_edits: common,
     };
-    spec.cdi_version = super::cdi_validate::minimum_version(&spec).to_string();
+    spec.cdi_version = minimum_version(&spec).to_string();
     spec
 }
 
@@ -337,4 +337,36 @@ pub fn remove_spec(path: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Versions known to the reference library from 0.3.0 on, oldest first (0.1.0 and 0.2.0
+/// are accepted and rank as 0.3.0).
+pub const ORDERED: [&str; 8] = ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"];
+pub(super) fn rank(version: &str) -> Option<usize> {
+    match version.trim_start_matches('v') {
+        "0.1.0" | "0.2.0" => Some(0),
+        v => ORDERED.iter().position(|o| *o == v),
+    }
+}
+
+/// The lowest version covering the features `spec` uses.
+pub fn minimum_version(spec: &Spec) -> &'static str {
+    let mut need = 0usize;
+    let edits = std::iter::once(&spec.container_edits).chain(spec.devices.iter().map(|d| &d.container_edits));
+    for e in edits {
+        if e.mounts.iter().any(|m| m.mount_type.is_some()) {
+            need = need.max(1);
+        }
+        if e.device_nodes.iter().any(|n| n.host_path.is_some()) {
+            need = need.max(2);
+        }
+    }
+    if spec.devices.iter().any(|d| d.name.starts_with(|c: char| c.is_ascii_digit())) {
+        need = need.max(2);
+    }
+    let class = spec.kind.split_once('/').map_or("", |(_, c)| c);
+    if !spec.annotations.is_empty() || spec.devices.iter().any(|d| !d.annotations.is_empty()) || class.contains('.') {
+        need = need.max(3);
+    }
+    ORDERED[need]
 }

@@ -1,4 +1,5 @@
-//! The CDI rules every spec edra writes must follow, and the minimum `cdiVersion` of a spec.
+//! The CDI rules every spec edra writes must follow (the minimum `cdiVersion` of a spec is
+//! the model's, [`super::cdi::minimum_version`]).
 //!
 //! The rules are those of the CDI specification and its reference library: known version
 //! not older than the features used, `vendor/class` kind syntax, device name syntax,
@@ -6,41 +7,10 @@
 
 use std::collections::BTreeSet;
 
-use super::cdi::{ContainerEdits, Spec};
+pub use super::cdi::minimum_version;
+use super::cdi::{ContainerEdits, Spec, rank};
 
-/// Versions known to the reference library from 0.3.0 on, oldest first (0.1.0 and 0.2.0
-/// are accepted and rank as 0.3.0).
-pub const ORDERED: [&str; 8] = ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"];
 const HOOK_NAMES: [&str; 5] = ["createRuntime", "createContainer", "startContainer", "poststart", "poststop"];
-
-fn rank(version: &str) -> Option<usize> {
-    match version.trim_start_matches('v') {
-        "0.1.0" | "0.2.0" => Some(0),
-        v => ORDERED.iter().position(|o| *o == v),
-    }
-}
-
-/// The lowest version covering the features `spec` uses.
-pub fn minimum_version(spec: &Spec) -> &'static str {
-    let mut need = 0usize;
-    let edits = std::iter::once(&spec.container_edits).chain(spec.devices.iter().map(|d| &d.container_edits));
-    for e in edits {
-        if e.mounts.iter().any(|m| m.mount_type.is_some()) {
-            need = need.max(1);
-        }
-        if e.device_nodes.iter().any(|n| n.host_path.is_some()) {
-            need = need.max(2);
-        }
-    }
-    if spec.devices.iter().any(|d| d.name.starts_with(|c: char| c.is_ascii_digit())) {
-        need = need.max(2);
-    }
-    let class = spec.kind.split_once('/').map_or("", |(_, c)| c);
-    if !spec.annotations.is_empty() || spec.devices.iter().any(|d| !d.annotations.is_empty()) || class.contains('.') {
-        need = need.max(3);
-    }
-    ORDERED[need]
-}
 
 fn name_part_ok(s: &str) -> bool {
     let b = s.as_bytes();
