@@ -219,8 +219,3 @@ impl Store {
         })
     }
 }
-
-/// `namespace/name` of the claim whose stored record is `bytes`, when it is readable.
-pub(super) fn claim_name(bytes: &[u8]) -> Option<String> {
-    record::decode_claim(bytes).ok().map(|r| format!("{}/{}", r.namespace, r.name))
-}

@@ -11,8 +11,13 @@ use std::sync::{Mutex, PoisonError};
 
 use sled::transaction::TransactionError;
 
-use super::meta::{META_ID, META_SCHEMA};
 use super::{CACHE_CAPACITY, SCHEMA_VERSION, StateError};
+
+/// The `meta` key of the store's schema version (see [`super::meta`]).
+pub(super) const META_SCHEMA: &[u8] = b"schema";
+
+/// The `meta` key of the store's identity.
+pub(super) const META_ID: &[u8] = b"id";
 
 /// The handles of one open database. Dropping the last of them closes it.
 pub(super) struct Db {

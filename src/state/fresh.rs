@@ -33,8 +33,8 @@
 //! prepares the claim again, which records it in a transaction), and recovery rolls it
 //! back.
 
-use super::claims::claim_name;
 use super::db::{Db, db_err};
+use super::record::claim_name;
 use super::record::{self, ClaimRecord, Phase, ShareHolding};
 use super::{Failure, StateError, Store};
 

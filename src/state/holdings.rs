@@ -8,7 +8,7 @@
 use sled::transaction::{ConflictableTransactionError, TransactionalTree, UnabortableTransactionError};
 
 use super::StateError;
-use super::claims::claim_name;
+use super::record::claim_name;
 use super::record::{self, ClaimRecord, ShareHolding};
 use super::shares::{read_shares, release_shares};
 

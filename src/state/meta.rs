@@ -1,14 +1,10 @@
 //! The `meta` tree: the store's schema version, the boot ID of the last start, the store's
 //! identity and when it was last re-opened after being poisoned.
 
-use super::db::db_err;
+use super::db::{META_SCHEMA, db_err};
 use super::{SCHEMA_VERSION, StateError, Store};
 
-pub(super) const META_SCHEMA: &[u8] = b"schema";
-
 pub(super) const META_BOOT_ID: &[u8] = b"boot_id";
-
-pub(super) const META_ID: &[u8] = b"id";
 
 /// When the store was last re-opened after being poisoned (the write that proves the disk).
 pub(super) const META_REOPENED: &[u8] = b"reopened";

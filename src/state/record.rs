@@ -347,3 +347,8 @@ pub fn encode_mps_daemon(record: &MpsDaemonRecord) -> Vec<u8> {
     // Strings, integers and options: serializing cannot fail.
     serde_json::to_vec(record).unwrap_or_default()
 }
+
+/// `namespace/name` of the claim whose stored record is `bytes`, when it is readable.
+pub(crate) fn claim_name(bytes: &[u8]) -> Option<String> {
+    decode_claim(bytes).ok().map(|r| format!("{}/{}", r.namespace, r.name))
+}

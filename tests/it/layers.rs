@@ -204,10 +204,18 @@ fn no_import_cycle_between_top_level_modules() {
     for (module, imports) in &graph {
         println!("  {module} -> {}", imports.iter().cloned().collect::<Vec<_>>().join(", "));
     }
-    // Depth-first search for a back edge; reports the cycle it closes.
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("an import cycle between top-level modules: {}", cycle.join(" -> "));
+    }
+}
+
+type Graph = std::collections::BTreeMap<String, std::collections::BTreeSet<String>>;
+
+/// A cycle in `graph`, found by a depth-first search for a back edge, as the path it closes.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
     fn visit<'a>(
         m: &'a str,
-        graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        graph: &'a Graph,
         path: &mut Vec<&'a str>,
         done: &mut std::collections::BTreeSet<&'a str>,
     ) -> Option<Vec<String>> {
@@ -230,9 +238,84 @@ fn no_import_cycle_between_top_level_modules() {
         None
     }
     let mut done = std::collections::BTreeSet::new();
-    for module in graph.keys() {
-        if let Some(cycle) = visit(module, &graph, &mut Vec::new(), &mut done) {
-            panic!("an import cycle between top-level modules: {}", cycle.join(" -> "));
+    graph.keys().find_map(|m| visit(m, graph, &mut Vec::new(), &mut done))
+}
+
+/// The files (child modules) of top-level module `top` and, for each, its siblings its
+/// production code names: `crate::<top>::<sibling>`, `super::<sibling>` from a child's own
+/// file, `super::super::<sibling>` from a file below it (a `use super::{…}` list counts
+/// each name in it). The parent (`mod.rs`) is left out: parent and child name each other
+/// by design.
+fn submodule_graph(top: &str) -> Graph {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(top);
+    let mut children = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).expect("read a module directory").flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let child = name.strip_suffix(".rs").map(str::to_string).unwrap_or(name);
+        if child != "mod" && child != "tests" {
+            children.insert(child);
         }
     }
+    let mut graph: Graph = children.iter().map(|c| (c.clone(), Default::default())).collect();
+    let mut files = Vec::new();
+    sources(&dir, &mut files);
+    for file in files {
+        let rel: Vec<String> = file
+            .strip_prefix(&dir)
+            .expect("under the module")
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_string())
+            .collect();
+        if rel[0] == "mod" || rel.iter().any(|c| c == "tests") {
+            continue;
+        }
+        let child = rel[0].clone();
+        // The prefix that names a sibling from this file.
+        let up = match (rel.len(), rel.last().map(String::as_str)) {
+            (1, _) | (2, Some("mod")) => "super::",
+            _ => "super::super::",
+        };
+        let text = std::fs::read_to_string(&file).expect("read a source file");
+        let code = production_lines(&text).join("\n");
+        let mut named = Vec::new();
+        for prefix in [format!("crate::{top}::"), up.to_string()] {
+            for (at, _) in code.match_indices(&prefix) {
+                let rest = &code[at + prefix.len()..];
+                if let Some(list) = rest.strip_prefix('{') {
+                    let list = &list[..list.find('}').unwrap_or(list.len())];
+                    named.extend(list.split(',').map(|n| n.trim().split("::").next().unwrap_or("").to_string()));
+                } else {
+                    named.push(rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect());
+                }
+            }
+        }
+        for name in named {
+            if children.contains(&name) && name != child {
+                graph.get_mut(&child).expect("a child").insert(name);
+            }
+        }
+    }
+    graph
+}
+
+#[test]
+fn no_import_cycle_between_the_files_of_a_module() {
+    // The reader sees the edges there are (one of each kind of path).
+    let prepare = submodule_graph("prepare");
+    assert!(prepare["cdi_validate"].contains("cdi"), "{prepare:?}");
+    assert!(prepare["claim"].contains("plan"), "{prepare:?}");
+    assert!(submodule_graph("state")["holdings"].contains("record"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut cycles = Vec::new();
+    for entry in std::fs::read_dir(&src).expect("read src").flatten() {
+        let top = entry.file_name().to_string_lossy().to_string();
+        if !entry.path().is_dir() || top == "test_support" {
+            continue;
+        }
+        let graph = submodule_graph(&top);
+        if let Some(cycle) = find_cycle(&graph) {
+            cycles.push(format!("{top}: {}", cycle.join(" -> ")));
+        }
+    }
+    assert!(cycles.is_empty(), "import cycles between the files of a module:\n{}", cycles.join("\n"));
 }

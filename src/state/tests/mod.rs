@@ -4,8 +4,8 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
+use super::db::META_SCHEMA;
 use super::db::{db_err, plain_io};
-use super::meta::META_SCHEMA;
 use super::*;
 use crate::device_config::GpuConfig;
 
