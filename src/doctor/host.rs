@@ -32,7 +32,7 @@ pub fn nearest_existing(path: &Path) -> Option<&Path> {
     path.ancestors().find(|p| p.exists())
 }
 
-/// "missing, but <ancestor> is writable so it can be created" (true), or not (false).
+/// "missing, but `<ancestor>` is writable so it can be created" (true), or not (false).
 fn creatable(path: &Path) -> bool {
     nearest_existing(path).is_some_and(|a| a.is_dir() && writable(a))
 }

@@ -9,7 +9,7 @@
 //! memory and multiprocessors are derived from the profile name. MIG capability device
 //! minors follow the NVIDIA driver's numbering (`/proc/driver/nvidia-caps/mig-minors`).
 //! With `mock.mig_mode = true` the GPUs are in MIG mode instead and their MIG instances are
-//! created and destroyed on demand ([`mig`]); the instances that exist are listed as MIG
+//! created and destroyed on demand ([`mig_state`]); the instances that exist are listed as MIG
 //! devices, as `mock.mig` ones are.
 
 pub mod mig_state;

@@ -7,7 +7,7 @@
 //!
 //! Backends: [`nvml::NvmlBackend`] (the real hardware) and [`mock::MockBackend`]
 //! (configured fake GPUs), chosen by [`backend_from_config`]; [`attributes`] holds the
-//! attribute vocabulary and limits both share; [`report`] is `edra inventory`.
+//! attribute vocabulary and limits both share; `edra inventory`'s report is [`crate::publish::report`].
 
 pub mod attributes;
 pub mod host;

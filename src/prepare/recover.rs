@@ -16,7 +16,7 @@
 //! instance lock ([`crate::node_lock`]) makes edra the only writer of its kind's specs in
 //! the CDI directory, so a spec without a record is its own and stale.
 //!
-//! MIG instances ([`super::mig`]): those recorded for a claim that is not completed are
+//! MIG instances ([`super::mig_instances`]): those recorded for a claim that is not completed are
 //! destroyed with its roll-back; an unprepare interrupted while destroying them is
 //! finished; those of completed claims are checked to exist and created again at their
 //! placement when a reboot lost them (or the claim is marked so its next prepare fails and

@@ -111,7 +111,7 @@ impl Preparer {
         Ok(())
     }
 
-    /// Whether the removal of `rec` may be lazy ([`Store::remove_claim_lazily`]): its
+    /// Whether the removal of `rec` may be lazy ([`crate::state::Store::remove_claim_lazily`]): its
     /// prepare was one durable step, as [`Preparer::apply`] decides it — no share of a GPU
     /// whose shares edra sets up (`sharing.enforcement`, now or when it was prepared);
     /// the store itself keeps the removal durable for a claim with GPU changes, an MPS
