@@ -11,7 +11,7 @@ mod diskfull;
 mod exits;
 mod health;
 mod logs;
-mod memory_limits;
+pub(crate) mod memory_limits;
 mod mig;
 mod mig_publishing;
 mod misbehaving;

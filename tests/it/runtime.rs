@@ -18,6 +18,9 @@
 //! Inside, the container must see `ModifyDeviceFiles: 0`, read-only, while the namespace it
 //! was started from still sees 1: the hook mounted in the container's namespace only.
 //!
+//! The node ([`Node::files`], [`Node::with_claim`]), bundle and podman helpers serve
+//! runtime_memory_limit.rs too.
+//!
 //! The tools are needed: without them (or without root) each test prints why it did not
 //! run; with `CI=true` that is a failure, since `.ci/run` installs them.
 
@@ -39,7 +42,7 @@ const NON_UTF8_CONF: &[u8] = b"# r\xe9pertoire \xff\xfe\n/opt/l\xe9b\n";
 
 /// The image variants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Image {
+pub(crate) enum Image {
     Plain,
     /// `/etc/ld.so.conf.d` → `../usr/etc/ld.so.conf.d`.
     ConfDLink,
@@ -96,12 +99,12 @@ pub(crate) fn runtime_runs(test: &str, runtime: &str, cmd: &mut Command) -> bool
     }
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).chain(["/usr/sbin".into(), "/sbin".into()]).map(|d| d.join(tool)).find(|p| p.is_file())
 }
 
-fn run(cmd: &mut Command) -> Output {
+pub(crate) fn run(cmd: &mut Command) -> Output {
     let out = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
@@ -138,14 +141,14 @@ int main(void) {
 
 /// The node: the fake driver root, device nodes, the procfs stand-in; then the claim's
 /// spec as the real prepare path writes it.
-struct Node {
-    cluster: Cluster,
-    spec: Value,
-    cdi_id: String,
+pub(crate) struct Node {
+    pub(crate) cluster: Cluster,
+    pub(crate) spec: Value,
+    pub(crate) cdi_id: String,
     /// The dlopen program and the host libraries it needs (absolute paths).
     dlopen: PathBuf,
     host_libs: Vec<PathBuf>,
-    work: PathBuf,
+    pub(crate) work: PathBuf,
 }
 
 fn mknod(path: &Path, major: u32, minor: u32) {
@@ -159,6 +162,18 @@ fn mknod(path: &Path, major: u32, minor: u32) {
 impl Node {
     async fn prepare() -> Node {
         let cluster = Cluster::start().await;
+        Node::files(&cluster);
+        let mut config = cluster.config(NODE);
+        config.paths.cdi_hook_binary = Some(PathBuf::from(env!("CARGO_BIN_EXE_edra")));
+        let agent = Agent::start(cluster.fs(), config).await;
+        let claim = cluster.allocated_claim("gpu", "gpu-1");
+        let ids = prepare_ok(&mut agent.v1().await, &claim).await;
+        agent.stop().await;
+        Node::with_claim(cluster, &claim.uid, &ids)
+    }
+
+    /// The node's driver files, device nodes and procfs stand-in.
+    pub(crate) fn files(cluster: &Cluster) {
         let fs = cluster.fs();
         let work = cluster.dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
@@ -185,15 +200,13 @@ impl Node {
         let params = fs.root.join("proc/driver/nvidia/params");
         std::fs::create_dir_all(params.parent().unwrap()).unwrap();
         std::fs::write(&params, HOST_PARAMS).unwrap();
+    }
 
-        let mut config = cluster.config(NODE);
-        config.paths.cdi_hook_binary = Some(PathBuf::from(env!("CARGO_BIN_EXE_edra")));
-        let agent = Agent::start(fs.clone(), config).await;
-        let claim = cluster.allocated_claim("gpu", "gpu-1");
-        let ids = prepare_ok(&mut agent.v1().await, &claim).await;
-        agent.stop().await;
-        let [cdi_id] = ids.as_slice() else { panic!("one CDI ID expected: {ids:?}") };
-        let text = std::fs::read_to_string(fs.spec_file(&claim.uid)).unwrap();
+    /// The node once claim `uid` is prepared (its CDI IDs `ids`) on [`Node::files`].
+    pub(crate) fn with_claim(cluster: Cluster, uid: &str, ids: &[String]) -> Node {
+        let work = cluster.dir.path().join("work");
+        let [cdi_id] = ids else { panic!("one CDI ID expected: {ids:?}") };
+        let text = std::fs::read_to_string(cluster.fs().spec_file(uid)).unwrap();
         let spec: Value = serde_json::from_str(&text).unwrap();
 
         let dlopen = cc(&work, "dlopen-cuda", DLOPEN_C, &["-ldl"]);
@@ -208,13 +221,13 @@ impl Node {
     }
 
     /// A busybox rootfs for `image` under `dir`.
-    fn rootfs(&self, dir: &Path, image: Image) -> PathBuf {
+    pub(crate) fn rootfs(&self, dir: &Path, image: Image) -> PathBuf {
         let root = dir.join(format!("rootfs-{}", image.name()));
         for d in ["bin", "etc", "proc", "dev", "sys", "tmp", "usr/local/bin", LIB_DIR] {
             std::fs::create_dir_all(root.join(d)).unwrap();
         }
         std::fs::copy(which("busybox").unwrap(), root.join("bin/busybox")).unwrap();
-        for applet in ["sh", "cat", "echo", "grep", "od", "readlink", "stat", "test", "tr", "cut", "ls"] {
+        for applet in ["sh", "cat", "echo", "grep", "od", "readlink", "stat", "test", "tr", "cut", "ls", "sleep"] {
             std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
         }
         std::fs::copy(&self.dlopen, root.join("usr/local/bin/dlopen-cuda")).unwrap();
@@ -335,7 +348,7 @@ fn assert_container(node: &Node, runtime: &str, image: Image, stdout: &[u8]) {
 /// `unshare --mount` around `runtime_cmd`: the host's `/proc/driver` is a tmpfs saying
 /// `ModifyDeviceFiles: 1`, `/run/cdi` is the node's CDI directory; after the runtime, the
 /// namespace's own view of the params is printed as `host-params=`.
-fn in_private_namespace(node: &Node, prelude: &str, runtime_cmd: &[OsString]) -> Command {
+pub(crate) fn in_private_namespace(node: &Node, prelude: &str, runtime_cmd: &[OsString]) -> Command {
     let script = format!(
         "set -e\n{prelude}\nmount -t tmpfs -o mode=0755 edra-test /proc/driver\nmkdir /proc/driver/nvidia\n\
          printf '{}' > /proc/driver/nvidia/params\nmkdir -p /run/cdi\nmount --bind \"$1\" /run/cdi\nshift\n\"$@\"\n\
@@ -348,7 +361,7 @@ fn in_private_namespace(node: &Node, prelude: &str, runtime_cmd: &[OsString]) ->
 }
 
 /// The spec's edits applied to `runc spec`'s default config, as the CDI library does.
-fn bundle_config(node: &Node, bundle: &Path, rootfs: &Path) -> Value {
+pub(crate) fn bundle_config(node: &Node, bundle: &Path, rootfs: &Path) -> Value {
     run(Command::new(which("runc").unwrap()).arg("spec").arg("--bundle").arg(bundle));
     let mut config: Value = serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
     config["root"] = json!({"path": rootfs, "readonly": false});
@@ -385,7 +398,8 @@ fn bundle_config(node: &Node, bundle: &Path, rootfs: &Path) -> Value {
     config["linux"]["devices"] = json!(devices);
     config["linux"]["resources"]["devices"].as_array_mut().unwrap().extend(allowed);
     let mut hooks = serde_json::Map::new();
-    for h in node.common()["hooks"].as_array().unwrap() {
+    let device_hooks = node.device()["hooks"].as_array().cloned().unwrap_or_default();
+    for h in node.common()["hooks"].as_array().unwrap().iter().chain(&device_hooks) {
         let entry = json!({"path": h["path"], "args": h["args"]});
         hooks.entry(h["hookName"].as_str().unwrap()).or_insert_with(|| json!([])).as_array_mut().unwrap().push(entry);
     }
@@ -476,6 +490,61 @@ async fn the_spec_and_hooks_work_under_crun() {
     run_bundles("the_spec_and_hooks_work_under_crun", &node, "crun", prelude);
 }
 
+/// podman with storage of its own under the node's work directory, runc as its runtime and
+/// the cgroupfs manager.
+pub(crate) struct Podman {
+    dir: PathBuf,
+    conf: PathBuf,
+}
+
+impl Podman {
+    pub(crate) fn new(node: &Node) -> Podman {
+        let dir = node.work.join("podman");
+        std::fs::create_dir_all(&dir).unwrap();
+        // podman here needs no default ulimits (runc fails setting RLIMIT_NPROC otherwise).
+        let conf = dir.join("containers.conf");
+        std::fs::write(
+            &conf,
+            "[containers]\ndefault_ulimits = []\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",
+        )
+        .unwrap();
+        Podman { dir, conf }
+    }
+
+    /// podman's command line with `args`.
+    fn args(&self, args: &[&str]) -> Vec<OsString> {
+        let mut all: Vec<OsString> = vec!["podman".into(), "--root".into(), self.dir.join("root").into()];
+        all.extend(["--runroot".into(), self.dir.join("runroot").into(), "--storage-driver".into(), "vfs".into()]);
+        all.extend(args.iter().map(OsString::from));
+        all
+    }
+
+    /// `podman args` here.
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
+        let all = self.args(args);
+        let mut cmd = Command::new(&all[0]);
+        cmd.args(&all[1..]).env("CONTAINERS_CONF", &self.conf);
+        cmd
+    }
+
+    /// `podman args` in [`in_private_namespace`].
+    pub(crate) fn in_namespace(&self, node: &Node, args: &[&str]) -> Command {
+        let mut cmd = in_private_namespace(node, "", &self.args(args));
+        cmd.env("CONTAINERS_CONF", &self.conf);
+        cmd
+    }
+
+    /// `image` imported; its tag.
+    pub(crate) fn import(&self, node: &Node, image: Image) -> String {
+        let rootfs = node.rootfs(&self.dir, image);
+        let tarball = self.dir.join(format!("{}.tar", image.name()));
+        run(Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tarball).arg("."));
+        let tag = format!("localhost/edra-it-{}:{}", std::process::id(), image.name());
+        run(&mut self.command(&["import", tarball.to_str().unwrap(), &tag]));
+        tag
+    }
+}
+
 #[tokio::test]
 async fn the_spec_and_hooks_work_under_podman() {
     if !have(
@@ -485,40 +554,19 @@ async fn the_spec_and_hooks_work_under_podman() {
         return;
     }
     let node = Node::prepare().await;
-    let dir = node.work.join("podman");
-    std::fs::create_dir_all(&dir).unwrap();
-    // podman here needs no default ulimits (runc fails setting RLIMIT_NPROC otherwise).
-    let conf = dir.join("containers.conf");
-    std::fs::write(
-        &conf,
-        "[containers]\ndefault_ulimits = []\n[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",
-    )
-    .unwrap();
-    let podman = |args: &[&str]| -> Vec<OsString> {
-        let mut all: Vec<OsString> = vec!["podman".into(), "--root".into(), dir.join("root").into()];
-        all.extend(["--runroot".into(), dir.join("runroot").into(), "--storage-driver".into(), "vfs".into()]);
-        all.extend(args.iter().map(OsString::from));
-        all
-    };
+    let podman = Podman::new(&node);
     for (i, image) in IMAGES.into_iter().enumerate() {
-        let rootfs = node.rootfs(&dir, image);
-        let tarball = dir.join(format!("{}.tar", image.name()));
-        run(Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tarball).arg("."));
-        let tag = format!("localhost/edra-it-{}:{}", std::process::id(), image.name());
-        let import = podman(&["import", tarball.to_str().unwrap(), &tag]);
-        run(Command::new(&import[0]).args(&import[1..]).env("CONTAINERS_CONF", &conf));
+        let tag = podman.import(&node, image);
         // A plain container first: podman that cannot run here at all is a skip.
         if i == 0 {
-            let probe = podman(&["run", "--rm", "--network", "none", &tag, "sh", "-c", "true"]);
-            let mut probe = in_private_namespace(&node, "", &probe);
-            if !runtime_runs("the_spec_and_hooks_work_under_podman", "podman", probe.env("CONTAINERS_CONF", &conf)) {
+            let mut probe = podman.in_namespace(&node, &["run", "--rm", "--network", "none", &tag, "sh", "-c", "true"]);
+            if !runtime_runs("the_spec_and_hooks_work_under_podman", "podman", &mut probe) {
                 return;
             }
         }
         let args = ["run", "--rm", "--network", "none", "-v", "/proc:/proc:rbind", "--device", &node.cdi_id];
         let args = [&args[..], &[tag.as_str(), "sh", "-c", CHECK]].concat();
-        let cmd = podman(&args);
-        let out = run(in_private_namespace(&node, "", &cmd).env("CONTAINERS_CONF", &conf));
+        let out = run(&mut podman.in_namespace(&node, &args));
         assert_container(&node, "podman", image, &out.stdout);
     }
 }

@@ -4,7 +4,7 @@
 //! the devices come from the mock backend); unprepare clears it; a kill at each step in
 //! between converges after a restart; a node without the calls refuses `enforced` (exit
 //! 64) and warns under `auto`. The cgroup tree is a directory tree under the node's
-//! sys_root: runtimes with real cgroups are in runtime.rs.
+//! sys_root: runtimes with real cgroups are in runtime_memory_limit.rs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,13 +15,22 @@ use crate::support::agent::{ChildAgent, Cluster, DRIVER, GPUS, NODE, prepare_ok,
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
 use crate::support::nvml::StubNvml;
 
-const SHARE: u64 = 30 << 30;
+pub(crate) const SHARE: u64 = 30 << 30;
 const CGROUPS_PATH: &str = "kubepods-besteffort-pod1.slice:cri-containerd:abc";
 const SCOPE: &str = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope";
 
-/// The stand-in knowing the mock's GPU 2 (copied to `/nvml` in the node's driver root, where
-/// the library is looked for), and the node's cgroup v2 tree with the container's scope.
+/// The stand-in (see [`stub`]) and the node's cgroup v2 tree with the container's scope.
 fn node(cluster: &Cluster, variant: Option<&str>) -> (Stub, PathBuf) {
+    let stub = stub(cluster, variant);
+    let root = cluster.fs().root.join("sys/fs/cgroup");
+    std::fs::create_dir_all(root.join(SCOPE)).unwrap();
+    std::fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory hugetlb pids\n").unwrap();
+    (stub, root.join(SCOPE))
+}
+
+/// The stand-in knowing the mock's GPU 2, copied to `/nvml` in the node's driver root, where
+/// the library is looked for.
+pub(crate) fn stub(cluster: &Cluster, variant: Option<&str>) -> Stub {
     let uuid = edra::inventory::mock::gpu_uuid(NODE, 2);
     let conf = format!(
         "gpu;uuid={uuid};name=NVIDIA H200;brand=2;arch=9;minor=2;index=0;bus=00000000:12:00.0;mem={};sms=132;cc=9.0;mig=0\n",
@@ -35,26 +44,24 @@ fn node(cluster: &Cluster, variant: Option<&str>) -> (Stub, PathBuf) {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(&stub.library, dir.join("libnvidia-ml.so.1")).unwrap();
     std::fs::write(dir.join("nvml_stub.conf"), conf).unwrap();
-    let stub = Stub { library: dir.join("libnvidia-ml.so.1"), dir };
-    let root = cluster.fs().root.join("sys/fs/cgroup");
-    std::fs::create_dir_all(root.join(SCOPE)).unwrap();
-    std::fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory hugetlb pids\n").unwrap();
-    (stub, root.join(SCOPE))
+    Stub { library: dir.join("libnvidia-ml.so.1"), dir }
 }
 
 /// The stand-in's copy in the driver root.
-struct Stub {
+pub(crate) struct Stub {
     dir: PathBuf,
     library: PathBuf,
 }
 
-fn config(cluster: &Cluster, _stub: &Stub, mode: &str) -> PathBuf {
+/// The agent's configuration file with `sharing.memory_limit = mode` and the stand-in.
+pub(crate) fn config(cluster: &Cluster, _stub: &Stub, mode: &str) -> PathBuf {
     let body =
         format!("gpus = {GPUS}\n[sharing]\nmemory_limit = \"{mode}\"\n[nvml]\nlibrary = \"/nvml/libnvidia-ml.so.1\"\n");
     cluster.config_file_with(NODE, &body)
 }
 
-fn share_claim(cluster: &Cluster) -> edra::plugin::handler::ClaimRef {
+/// A claim for a 30 GiB share of gpu-2.
+pub(crate) fn share_claim(cluster: &Cluster) -> edra::plugin::handler::ClaimRef {
     cluster.put_claim(
         ClaimBuilder::new("default", "limited")
             .allocated(
@@ -66,7 +73,7 @@ fn share_claim(cluster: &Cluster) -> edra::plugin::handler::ClaimRef {
 }
 
 /// The stand-in's memory-limit lines: (uuid, soft, hard, cgroup).
-fn limit_lines(stub: &Stub) -> Vec<(String, u64, u64, PathBuf)> {
+pub(crate) fn limit_lines(stub: &Stub) -> Vec<(String, u64, u64, PathBuf)> {
     let text = std::fs::read_to_string(stub.dir.join("nvml_stub.memlimits")).unwrap_or_default();
     text.lines()
         .filter_map(|l| {
@@ -78,7 +85,7 @@ fn limit_lines(stub: &Stub) -> Vec<(String, u64, u64, PathBuf)> {
 }
 
 /// The apply-memory-limit hook of `spec` (argv).
-fn limit_hook(spec: &Value) -> Option<Vec<String>> {
+pub(crate) fn limit_hook(spec: &Value) -> Option<Vec<String>> {
     spec["devices"]
         .as_array()?
         .iter()

@@ -399,13 +399,33 @@ impl ChildAgent {
         failpoints: &str,
         env: &[(&str, &str)],
     ) -> ChildAgent {
+        ChildAgent::start_wrapped(cluster, config, failpoints, env, &[]).await
+    }
+
+    /// [`ChildAgent::start_configured`] with `edra` run by `wrapper` (its program and
+    /// arguments, then edra's command line), which must end by exec'ing it (e.g. `unshare`
+    /// setting up a mount namespace of the agent's own), so the child is the agent.
+    pub async fn start_wrapped(
+        cluster: &Cluster,
+        config: &Path,
+        failpoints: &str,
+        env: &[(&str, &str)],
+        wrapper: &[std::ffi::OsString],
+    ) -> ChildAgent {
         let fs = cluster.fs();
         let log = cluster.dir.path().join("edra-run.log");
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("open the agent's log");
         let notify_path = fs.root.join(format!("notify-{}", NOTIFY_SOCKETS.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_file(&notify_path);
         let notify = tokio::net::UnixDatagram::bind(&notify_path).expect("bind the notification socket");
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_edra"));
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = tokio::process::Command::new(program);
+                cmd.args(args).arg(env!("CARGO_BIN_EXE_edra"));
+                cmd
+            }
+            None => tokio::process::Command::new(env!("CARGO_BIN_EXE_edra")),
+        };
         cmd.arg("--config")
             .arg(config)
             .arg("run")
