@@ -8,6 +8,7 @@ use tracing::{info, warn};
 
 use super::AppError;
 use crate::config::Config;
+use crate::gpu::memory_limit::exits::CgroupExits;
 use crate::gpu::memory_limit::{Host, cgroup_root, detect};
 use crate::prepare::memory_limit::{MemoryLimits, server};
 use crate::sharing::MemoryLimit;
@@ -49,5 +50,18 @@ pub(super) fn from_config(config: &Config) -> Result<Option<MemoryLimits>, AppEr
         cgroup_root: cgroup_root(&config.paths.sys_root),
         enforce,
         socket: server::socket_path(&config.paths.runtime_dir),
+        exits: if enforce { exit_watcher() } else { None },
     }))
+}
+
+/// The inotify instance that sees containers exit, or a warning and none.
+fn exit_watcher() -> Option<Arc<CgroupExits>> {
+    match CgroupExits::new() {
+        Ok(w) => Some(Arc::new(w)),
+        Err(e) => {
+            warn!(error = %e, "cannot watch cgroups for containers' exit (inotify); GPU memory limits are cleared at \
+                unprepare only, which leaves the dmem backend's reservation on the pod's cgroup until it goes");
+            None
+        }
+    }
 }

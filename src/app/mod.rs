@@ -257,7 +257,8 @@ fn claim_source(config: &Config, cluster: &Arc<Cluster>) -> (Option<Arc<Prefetch
     (prefetcher, claims)
 }
 
-/// Serves the memory-limit socket the OCI hook asks, when GPU memory limits are enforced.
+/// Serves the memory-limit socket the OCI hook asks, and watches limited containers for
+/// their exit, when GPU memory limits are enforced.
 fn serve_memory_limits(
     memory_limits: Option<crate::prepare::memory_limit::MemoryLimits>,
     preparer: &Preparer,
@@ -268,7 +269,22 @@ fn serve_memory_limits(
             let listener = crate::prepare::memory_limit::server::bind(&l.socket).map_err(|e| {
                 AppError::Other(anyhow::anyhow!("cannot serve the memory-limit socket {}: {e}", l.socket.display()))
             })?;
-            Some(crate::prepare::memory_limit::server::serve(listener, l.socket, preparer.clone(), shutdown.clone()))
+            let serving =
+                crate::prepare::memory_limit::server::serve(listener, l.socket, preparer.clone(), shutdown.clone());
+            let watching = match l.exits {
+                Some(exits) => Some(
+                    crate::prepare::memory_limit::exits::watch(preparer.clone(), exits, shutdown.clone()).map_err(
+                        |e| AppError::Other(anyhow::anyhow!("cannot watch cgroups for containers' exit: {e}")),
+                    )?,
+                ),
+                None => None,
+            };
+            Some(tokio::spawn(async move {
+                let _ = serving.await;
+                if let Some(w) = watching {
+                    let _ = w.await;
+                }
+            }))
         }
         None => None,
     })

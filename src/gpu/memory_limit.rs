@@ -5,11 +5,13 @@
 //!
 //! This module finds out whether the node can ([`detect`]), sets and clears limits through
 //! the loaded NVML library ([`LimitControl`], [`nvml::NvmlLimits`]), turns an OCI
-//! `linux.cgroupsPath` into the container's cgroup ([`cgroup`]), and defines what the hook
-//! and the agent say to each other ([`wire`]). Like the rest of `gpu`, it records nothing:
-//! the caller records a limit before it is set. docs/sharing.md has the sources.
+//! `linux.cgroupsPath` into the container's cgroup ([`cgroup`]), tells when a container's
+//! processes are gone ([`exits`]), and defines what the hook and the agent say to each
+//! other ([`wire`]). Like the rest of `gpu`, it records nothing: the caller records a limit
+//! before it is set. docs/sharing.md has the sources.
 
 pub mod cgroup;
+pub mod exits;
 pub mod nvml;
 pub mod wire;
 

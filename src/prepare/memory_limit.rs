@@ -15,8 +15,13 @@
 //! - cleared, not yet forgotten: clearing again is harmless; then it is forgotten.
 //!
 //! A cgroup that is gone (or was made again: another inode) has no limit left to clear
-//! ("removing the cgroup also clears any limits", nvml.h).
+//! ("removing the cgroup also clears any limits", nvml.h). A limit is also cleared when
+//! its container's processes are all gone ([`exits`]: the cgroup's `cgroup.events` says
+//! `populated 0`), while the runtime has not yet removed the cgroup: the driver's `dmem`
+//! backend lowers the reservation it made on the cgroup's ancestors only when the soft
+//! limit is zeroed, which must happen before the cgroup goes.
 
+pub mod exits;
 pub mod server;
 
 use std::os::unix::fs::MetadataExt;
@@ -24,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{PrepareError, Preparer, cdi, failpoint, shared::enforced_shares};
+use crate::gpu::memory_limit::exits::{CgroupExits, populated};
 use crate::gpu::memory_limit::{LimitControl, LimitError, wire};
 use crate::state::ClaimRecord;
 use crate::state::memory_limits::MemoryLimitRecord;
@@ -40,6 +46,9 @@ pub struct MemoryLimits {
     pub enforce: bool,
     /// The agent's memory-limit socket, which the hook connects to.
     pub socket: PathBuf,
+    /// Watches the cgroups of set limits for their containers' exit ([`exits`]); without it
+    /// limits are cleared at unprepare only.
+    pub exits: Option<Arc<CgroupExits>>,
 }
 
 impl std::fmt::Debug for MemoryLimits {
@@ -151,7 +160,44 @@ impl Preparer {
             return Err(e.into());
         }
         failpoint::hit("memory-limit-after-set");
+        if !self.watch_exit(limits, &record) {
+            self.clear_and_forget(&record)?;
+            return Err(refuse(format!("the container's processes are gone from {}", record.cgroup.display())));
+        }
         Ok(record)
+    }
+
+    /// Watches `rec`'s cgroup for its container's exit; false when its processes are
+    /// already gone (the watch would never fire).
+    fn watch_exit(&self, limits: &MemoryLimits, rec: &MemoryLimitRecord) -> bool {
+        if let Some(exits) = &limits.exits
+            && let Err(e) = exits.watch(&rec.cgroup)
+        {
+            tracing::warn!(cgroup = %rec.cgroup.display(), error = %e,
+                "cannot watch the container's cgroup for its exit; its GPU memory limit is cleared at unprepare");
+        }
+        populated(&rec.cgroup) != Some(false)
+    }
+
+    /// Clears and forgets the limits whose containers have exited (their cgroup holds no
+    /// process, or is gone), each under its claim's lock (blocking). Returns how many.
+    pub fn remove_exited_memory_limits(&self) -> Result<usize, PrepareError> {
+        let mut removed = 0;
+        for rec in self.inner.store.memory_limits()? {
+            if self.is_same_cgroup(&rec) && populated(&rec.cgroup) != Some(false) {
+                continue;
+            }
+            let _held = self.inner.locks.lock_blocking(&rec.claim);
+            // Unprepare may have removed it meanwhile.
+            if !self.inner.store.memory_limits_of(&rec.claim)?.contains(&rec) {
+                continue;
+            }
+            tracing::info!(claim.uid = %rec.claim, device = %rec.device, cgroup = %rec.cgroup.display(),
+                "the container's processes are gone; clearing its GPU memory limit before its cgroup goes");
+            self.clear_and_forget(&rec)?;
+            removed += 1;
+        }
+        Ok(removed)
     }
 
     /// Clears and forgets every memory limit of claim `uid` (blocking; at release).
@@ -190,8 +236,9 @@ impl Preparer {
     }
 
     /// At recovery: finishes or undoes every recorded limit. A limit of a share still
-    /// prepared, on its recorded cgroup, is set again (a crash may have come between
-    /// record and set); any other is cleared and forgotten. Returns (set again, removed).
+    /// prepared, on its recorded cgroup which still holds processes, is set again (a crash
+    /// may have come between record and set) and watched; any other is cleared and
+    /// forgotten. Returns (set again, removed).
     pub(crate) fn recover_memory_limits(&self) -> Result<(usize, usize), PrepareError> {
         let (mut kept, mut removed) = (0, 0);
         for rec in self.inner.store.memory_limits()? {
@@ -204,9 +251,13 @@ impl Preparer {
             let limits = self.memory_limits();
             if held
                 && self.is_same_cgroup(&rec)
+                && populated(&rec.cgroup) != Some(false)
                 && let Some(l) = limits
             {
                 l.control.set(&rec.gpu, &rec.cgroup, rec.bytes, rec.bytes)?;
+                // A container gone between the look and the watch is found by the watcher's
+                // first look, which comes after recovery.
+                self.watch_exit(l, &rec);
                 kept += 1;
             } else {
                 self.clear_and_forget(&rec)?;

@@ -2,7 +2,9 @@
 //! container from the CDI spec of a share (all its edits and hooks, as in runtime.rs), the
 //! `apply-memory-limit` hook reads the `linux.cgroupsPath` the runtime was given, and the
 //! agent (`edra run` as a child, NVML's memory-limit calls from the stand-in) sets the
-//! share's limit on the cgroup directory the runtime really created; unprepare clears it.
+//! share's limit on the cgroup directory the runtime really created. runc's and crun's
+//! containers are killed: the agent clears the limit on the emptied cgroup the runtime
+//! still keeps; podman's is cleared at unprepare.
 //!
 //! The agent runs in a mount namespace of its own in which its `<sys_root>/fs/cgroup` is a
 //! bind mount of the host's cgroup v2 hierarchy (`/sys/fs/cgroup`, or
@@ -10,7 +12,8 @@
 //! runtime's own. Each test reads the container's cgroup from `/proc/<pid>/cgroup` (its
 //! `0::` line) of the container's first process, checks that process is in that directory
 //! of the host's hierarchy, and that the stand-in was asked to set and then clear exactly
-//! `<sys_root>/fs/cgroup` + that path.
+//! `<sys_root>/fs/cgroup` + that path. The kernel's `cgroup.events` tells the agent (through
+//! the bind mount) that a killed container's cgroup emptied.
 //!
 //! runc and podman (with runc, cgroupfs manager) run in the hybrid layout as it is; crun
 //! 1.8 refuses it, so in crun's private namespace `/sys/fs/cgroup` is a cgroup2 mount (the
@@ -25,7 +28,7 @@ use serde_json::{Value, json};
 
 use crate::agent::memory_limits::{SHARE, Stub, config, limit_hook, limit_lines, share_claim, stub};
 use crate::runtime::{Image, Node, Podman, bundle_config, have, in_private_namespace, run, skip, which};
-use crate::support::agent::{ChildAgent, Cluster, GPUS, NODE, prepare_ok, unprepare_ok};
+use crate::support::agent::{ChildAgent, Cluster, GPUS, NODE, prepare_ok, unprepare_ok, wait_until};
 
 /// The host's cgroup v2 hierarchy: `/sys/fs/cgroup` on a v2 node, `/sys/fs/cgroup/unified`
 /// in the hybrid layout.
@@ -80,9 +83,9 @@ impl Limited {
     }
 
     /// Asserts the stand-in set the share's limit on the cgroup of the container whose
-    /// first process is `pid`, and only there; unprepares the claim and asserts it was
-    /// cleared there. Returns the cgroup (below the v2 root).
-    async fn assert_set_then_cleared(&self, runtime: &str, pid: u32) -> String {
+    /// first process is `pid`, and only there. Returns the cgroup (below the v2 root), the
+    /// host's directory and the directory NVML was given.
+    fn assert_set(&self, runtime: &str, pid: u32) -> (String, PathBuf, PathBuf) {
         let rel = cgroup_of(pid);
         let real = v2_root().unwrap().join(rel.trim_start_matches('/'));
         let procs = std::fs::read_to_string(real.join("cgroup.procs")).unwrap_or_default();
@@ -94,10 +97,34 @@ impl Limited {
             seen.display()
         );
         let set = (self.uuid.clone(), SHARE, SHARE, seen.clone());
-        assert_eq!(limit_lines(&self.stub), vec![set.clone()], "{runtime}: soft = hard = the share, on its cgroup");
+        assert_eq!(limit_lines(&self.stub), vec![set], "{runtime}: soft = hard = the share, on its cgroup");
+        (rel, real, seen)
+    }
+
+    /// [`Limited::assert_set`], then unprepares the claim and asserts the limit was cleared
+    /// there. Returns the cgroup.
+    async fn assert_set_then_cleared(&self, runtime: &str, pid: u32) -> String {
+        let (rel, _, seen) = self.assert_set(runtime, pid);
         unprepare_ok(&mut self.agent.v1().await, &self.claim).await;
-        let cleared = (self.uuid.clone(), 0, u64::MAX, seen);
+        let (set, cleared) = ((self.uuid.clone(), SHARE, SHARE, seen.clone()), (self.uuid.clone(), 0, u64::MAX, seen));
         assert_eq!(limit_lines(&self.stub), vec![set, cleared], "{runtime}: unprepare cleared it there");
+        rel
+    }
+
+    /// [`Limited::assert_set`], then kills the container's first process (its only one)
+    /// and asserts the limit is cleared while the runtime still keeps the cgroup (the
+    /// container is not deleted), with nothing left for unprepare. Returns the cgroup.
+    async fn assert_set_then_cleared_at_exit(&self, runtime: &str, pid: u32) -> String {
+        let (rel, real, seen) = self.assert_set(runtime, pid);
+        // SAFETY: kill has no memory preconditions; `pid` is the container's process.
+        assert_eq!(unsafe { libc::kill(i32::try_from(pid).unwrap(), libc::SIGKILL) }, 0, "{runtime}: kill {pid}");
+        wait_until("the exited container's limit is cleared", || limit_lines(&self.stub).len() == 2).await;
+        let events = std::fs::read_to_string(real.join("cgroup.events")).unwrap_or_default();
+        assert!(events.contains("populated 0"), "{runtime}: the cgroup is still there and empty: {events:?}");
+        let (set, cleared) = ((self.uuid.clone(), SHARE, SHARE, seen.clone()), (self.uuid.clone(), 0, u64::MAX, seen));
+        assert_eq!(limit_lines(&self.stub), vec![set, cleared], "{runtime}: cleared at exit, on its cgroup");
+        unprepare_ok(&mut self.agent.v1().await, &self.claim).await;
+        assert_eq!(limit_lines(&self.stub).len(), 2, "{runtime}: nothing was left for unprepare");
         rel
     }
 }
@@ -200,7 +227,7 @@ fn remove_tree(dir: &Path) {
 }
 
 /// runc's or crun's test: the kubelet's cgroupfs form of `cgroupsPath`, created, then the
-/// limit checked, cleared at unprepare.
+/// limit checked, cleared when the container's process is killed (before it is deleted).
 async fn under_bundle_runtime(test: &str, runtime: &'static str, prelude: &'static str) {
     if !ready(test, &[runtime, "runc", "busybox", "cc", "ldd", "unshare", "mount"]) {
         return;
@@ -208,7 +235,7 @@ async fn under_bundle_runtime(test: &str, runtime: &'static str, prelude: &'stat
     let limited = Limited::prepare().await;
     let cgroups_path = format!("/edra-it-{}-{runtime}/podlimited/{runtime}-ctr", std::process::id());
     let created = Created::new(&limited.node, runtime, prelude, &cgroups_path);
-    let rel = limited.assert_set_then_cleared(runtime, created.pid()).await;
+    let rel = limited.assert_set_then_cleared_at_exit(runtime, created.pid()).await;
     assert_eq!(rel, cgroups_path, "{runtime} placed the container at its cgroupsPath");
     drop(created);
     limited.agent.terminate().await;

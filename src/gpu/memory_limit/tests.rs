@@ -134,3 +134,43 @@ fn the_doctor_says_which_enforcement_and_why() {
     let r = evaluate(MemoryLimit::Auto, &dmem);
     assert!(r.status == Status::Pass && r.detail.contains("dmem cgroup controller"), "{r:?}");
 }
+
+#[test]
+fn populated_is_read_from_cgroup_events() {
+    use super::exits::{parse_populated, populated};
+    assert_eq!(parse_populated("populated 1\nfrozen 0\n"), Some(true));
+    assert_eq!(parse_populated("populated 0\nfrozen 0\n"), Some(false));
+    assert_eq!(parse_populated("frozen 0\n"), None);
+    assert_eq!(parse_populated("populated 2\n"), None);
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(populated(dir.path()), None, "no cgroup.events: not a cgroup");
+    std::fs::write(dir.path().join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+    assert_eq!(populated(dir.path()), Some(false));
+    // A link planted as cgroup.events is not followed.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("cgroup.events"), "populated 1\n").unwrap();
+    std::fs::remove_file(dir.path().join("cgroup.events")).unwrap();
+    std::os::unix::fs::symlink(other.path().join("cgroup.events"), dir.path().join("cgroup.events")).unwrap();
+    assert_eq!(populated(dir.path()), None);
+}
+
+#[test]
+fn the_watch_says_when_a_watched_cgroup_events_file_changes_and_only_then() {
+    use super::exits::CgroupExits;
+    let exits = CgroupExits::new().unwrap();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for d in [&a, &b] {
+        std::fs::write(d.path().join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+    }
+    exits.watch(a.path()).unwrap();
+    exits.watch(a.path()).unwrap();
+    assert!(!exits.drain().unwrap(), "nothing changed yet");
+    std::fs::write(b.path().join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+    assert!(!exits.drain().unwrap(), "b is not watched");
+    std::fs::write(a.path().join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+    assert!(exits.drain().unwrap(), "a changed");
+    assert!(!exits.drain().unwrap(), "drained");
+    let gone = a.path().join("gone");
+    let err = exits.watch(&gone).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+}

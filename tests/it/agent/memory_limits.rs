@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-use crate::support::agent::{ChildAgent, Cluster, DRIVER, GPUS, NODE, prepare_ok, unprepare_ok};
+use crate::support::agent::{ChildAgent, Cluster, DRIVER, GPUS, NODE, prepare_ok, unprepare_ok, wait_until};
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
 use crate::support::nvml::StubNvml;
 
@@ -199,6 +199,51 @@ async fn a_kill_between_record_and_set_or_clear_and_forget_converges() {
     unprepare_ok(&mut agent.v1().await, &claim).await;
     assert_eq!(limit_lines(&stub).last(), Some(&(uuid, 0, u64::MAX, scope)), "cleared in the end");
     agent.kill().await;
+}
+
+/// A container whose processes are all gone (its `cgroup.events` says `populated 0`) has
+/// its limit cleared on the cgroup that is still there, before unprepare; the container
+/// made again in a new cgroup gets the limit there; one that exits while the agent is
+/// killed (SIGKILL) is cleared at the next start, not set again.
+#[tokio::test]
+async fn an_exited_containers_limit_is_cleared_before_its_cgroup_goes_even_across_a_kill() {
+    let cluster = Cluster::start().await;
+    let (stub, scope) = node(&cluster, None);
+    let file = config(&cluster, &stub, "enforced");
+    let uuid = edra::inventory::mock::gpu_uuid(NODE, 2);
+    let populated = |scope: &Path, n: u8| {
+        std::fs::write(scope.join("cgroup.events"), format!("populated {n}\nfrozen 0\n")).unwrap()
+    };
+    populated(&scope, 1);
+    let mut agent = ChildAgent::start_configured(&cluster, &file, "", &[]).await;
+    cluster.wait_published(NODE, GPUS).await;
+    let claim = share_claim(&cluster);
+    prepare_ok(&mut agent.v1().await, &claim).await;
+    let args = limit_hook(&spec_of(&cluster, &claim.uid)).expect("hook");
+    let out = run_hook(&args, &cluster.dir.path().join("bundle"), CGROUPS_PATH);
+    assert!(out.status.success(), "hook: {}", String::from_utf8_lossy(&out.stderr));
+    let (set, cleared) = ((uuid.clone(), SHARE, SHARE, scope.clone()), (uuid.clone(), 0, u64::MAX, scope.clone()));
+    assert_eq!(limit_lines(&stub), vec![set.clone()]);
+    populated(&scope, 0);
+    wait_until("the exited container's limit is cleared", || limit_lines(&stub).len() == 2).await;
+    assert_eq!(limit_lines(&stub), vec![set.clone(), cleared.clone()], "cleared on the cgroup still there");
+    // The container made again (the kubelet restarts it): a new cgroup, a new limit.
+    let scope2 = scope.with_file_name("cri-containerd-def.scope");
+    std::fs::create_dir_all(&scope2).unwrap();
+    populated(&scope2, 1);
+    let out = run_hook(&args, &cluster.dir.path().join("bundle2"), "kubepods-besteffort-pod1.slice:cri-containerd:def");
+    assert!(out.status.success(), "hook: {}", String::from_utf8_lossy(&out.stderr));
+    let set2 = (uuid.clone(), SHARE, SHARE, scope2.clone());
+    assert_eq!(limit_lines(&stub).last(), Some(&set2));
+    // It exits while the agent is dead: the next start clears it rather than set it again.
+    agent.kill().await;
+    populated(&scope2, 0);
+    let agent = ChildAgent::start_configured(&cluster, &file, "", &[]).await;
+    let cleared2 = (uuid, 0, u64::MAX, scope2);
+    assert_eq!(limit_lines(&stub), vec![set, cleared, set2, cleared2], "recovery cleared, not set");
+    unprepare_ok(&mut agent.v1().await, &claim).await;
+    assert_eq!(limit_lines(&stub).len(), 4, "nothing was left for unprepare");
+    agent.terminate().await;
 }
 
 #[tokio::test]
