@@ -271,14 +271,11 @@ fn serve_memory_limits(
             })?;
             let serving =
                 crate::prepare::memory_limit::server::serve(listener, l.socket, preparer.clone(), shutdown.clone());
-            let watching = match l.exits {
-                Some(exits) => Some(
-                    crate::prepare::memory_limit::exits::watch(preparer.clone(), exits, shutdown.clone()).map_err(
-                        |e| AppError::Other(anyhow::anyhow!("cannot watch cgroups for containers' exit: {e}")),
-                    )?,
-                ),
-                None => None,
-            };
+            let watching = l
+                .exits
+                .map(|exits| crate::prepare::memory_limit::exits::watch(preparer.clone(), exits, shutdown.clone()))
+                .transpose()
+                .map_err(|e| AppError::Other(anyhow::anyhow!("cannot watch cgroups for containers' exit: {e}")))?;
             Some(tokio::spawn(async move {
                 let _ = serving.await;
                 if let Some(w) = watching {

@@ -180,11 +180,10 @@ impl Preparer {
     }
 
     /// Clears and forgets the limits whose containers have exited (their cgroup holds no
-    /// process, or is gone), each under its claim's lock (blocking). Returns how many.
-    pub fn remove_exited_memory_limits(&self) -> Result<usize, PrepareError> {
-        let mut removed = 0;
+    /// process, or is gone), each under its claim's lock (blocking).
+    pub fn remove_exited_memory_limits(&self) -> Result<(), PrepareError> {
         for rec in self.inner.store.memory_limits()? {
-            if self.is_same_cgroup(&rec) && populated(&rec.cgroup) != Some(false) {
+            if self.is_container_there(&rec) {
                 continue;
             }
             let _held = self.inner.locks.lock_blocking(&rec.claim);
@@ -195,9 +194,8 @@ impl Preparer {
             tracing::info!(claim.uid = %rec.claim, device = %rec.device, cgroup = %rec.cgroup.display(),
                 "the container's processes are gone; clearing its GPU memory limit before its cgroup goes");
             self.clear_and_forget(&rec)?;
-            removed += 1;
         }
-        Ok(removed)
+        Ok(())
     }
 
     /// Clears and forgets every memory limit of claim `uid` (blocking; at release).
@@ -235,6 +233,12 @@ impl Preparer {
         rec.boot_id == self.inner.boot_id && cgroup_inode(&rec.cgroup).is_ok_and(|i| i == rec.inode)
     }
 
+    /// Whether `rec`'s container is still there: its recorded cgroup, not known to be
+    /// empty of processes.
+    fn is_container_there(&self, rec: &MemoryLimitRecord) -> bool {
+        self.is_same_cgroup(rec) && populated(&rec.cgroup) != Some(false)
+    }
+
     /// At recovery: finishes or undoes every recorded limit. A limit of a share still
     /// prepared, on its recorded cgroup which still holds processes, is set again (a crash
     /// may have come between record and set) and watched; any other is cleared and
@@ -250,8 +254,7 @@ impl Preparer {
             });
             let limits = self.memory_limits();
             if held
-                && self.is_same_cgroup(&rec)
-                && populated(&rec.cgroup) != Some(false)
+                && self.is_container_there(&rec)
                 && let Some(l) = limits
             {
                 l.control.set(&rec.gpu, &rec.cgroup, rec.bytes, rec.bytes)?;

@@ -86,13 +86,15 @@ impl CgroupExits {
                 any = true;
                 continue;
             }
+            if n == 0 {
+                return Ok(any);
+            }
             let err = io::Error::last_os_error();
-            return match err.kind() {
-                _ if n == 0 => Ok(any),
-                io::ErrorKind::WouldBlock => Ok(any),
-                io::ErrorKind::Interrupted => continue,
-                _ => Err(err),
-            };
+            match err.kind() {
+                io::ErrorKind::WouldBlock => return Ok(any),
+                io::ErrorKind::Interrupted => {}
+                _ => return Err(err),
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 //! containers that exited while no agent ran. Unprepare and recovery still clear whatever
 //! this task did not.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use tokio::io::Interest;
@@ -26,39 +27,33 @@ pub fn watch(
     // `AsyncFd` holds keeps open, unchanged, for as long as the `AsyncFd` lives.
     let fd = unsafe { AsyncFd::register_with_interest(exits, Interest::READABLE) }?;
     Ok(tokio::spawn(async move {
-        look(&preparer).await;
-        loop {
-            tokio::select! {
-                ready = fd.readable() => {
-                    let mut guard = match ready {
-                        Ok(g) => g,
-                        Err(e) => {
-                            warn!(error = %e, "the cgroup exit watch failed; GPU memory limits are cleared at unprepare only");
-                            return;
-                        }
-                    };
-                    let drained = guard.get_inner().drain();
-                    guard.clear_ready();
-                    match drained {
-                        Ok(true) => look(&preparer).await,
-                        Ok(false) => {}
-                        Err(e) => {
-                            warn!(error = %e, "the cgroup exit watch failed; GPU memory limits are cleared at unprepare only");
-                            return;
-                        }
-                    }
-                }
-                _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
+        tokio::select! {
+            Err(e) = follow(&preparer, &fd) => {
+                warn!(error = %e, "the cgroup exit watch failed; GPU memory limits are cleared at unprepare only");
             }
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => {}
         }
     }))
+}
+
+/// Looks at start and after every change the watch reports; returns only when it fails.
+async fn follow(preparer: &Preparer, fd: &AsyncFd<Arc<CgroupExits>>) -> std::io::Result<Infallible> {
+    look(preparer).await;
+    loop {
+        let mut guard = fd.readable().await?;
+        let drained = guard.get_inner().drain();
+        guard.clear_ready();
+        if drained? {
+            look(preparer).await;
+        }
+    }
 }
 
 /// Clears the limits of exited containers (blocking work off the runtime's threads).
 async fn look(preparer: &Preparer) {
     let preparer = preparer.clone();
     match tokio::task::spawn_blocking(move || preparer.remove_exited_memory_limits()).await {
-        Ok(Ok(_)) => {}
+        Ok(Ok(())) => {}
         Ok(Err(e)) => warn!(error = %crate::util::error_chain(&e),
             "cannot remove the GPU memory limit of an exited container; unprepare and the next start retry"),
         Err(e) => warn!(error = %e, "the task removing exited containers' GPU memory limits failed"),

@@ -142,16 +142,26 @@ fn allocate(stub: &Stub, cgroup: &Path, bytes: u64) -> i32 {
     }
 }
 
+/// Starts the agent on `file` with `failpoints`, waits until it published, and prepares the
+/// share claim; returns the agent, the claim and the argv of its apply-memory-limit hook.
+async fn prepared_share(
+    cluster: &Cluster,
+    file: &Path,
+    failpoints: &str,
+) -> (ChildAgent, edra::plugin::handler::ClaimRef, Vec<String>) {
+    let agent = ChildAgent::start_configured(cluster, file, failpoints, &[]).await;
+    cluster.wait_published(NODE, GPUS).await;
+    let claim = share_claim(cluster);
+    prepare_ok(&mut agent.v1().await, &claim).await;
+    let args = limit_hook(&spec_of(cluster, &claim.uid)).expect("the share's device runs apply-memory-limit");
+    (agent, claim, args)
+}
+
 #[tokio::test]
 async fn the_hook_sets_the_shares_limit_which_holds_and_unprepare_clears_it() {
     let cluster = Cluster::start().await;
     let (stub, scope) = node(&cluster, None);
-    let agent = ChildAgent::start_configured(&cluster, &config(&cluster, &stub, "enforced"), "", &[]).await;
-    cluster.wait_published(NODE, GPUS).await;
-    let claim = share_claim(&cluster);
-    let mut client = agent.v1().await;
-    prepare_ok(&mut client, &claim).await;
-    let args = limit_hook(&spec_of(&cluster, &claim.uid)).expect("the share's device runs apply-memory-limit");
+    let (agent, claim, args) = prepared_share(&cluster, &config(&cluster, &stub, "enforced"), "").await;
     let out = run_hook(&args, &cluster.dir.path().join("bundle"), CGROUPS_PATH);
     assert!(out.status.success(), "hook: {}", String::from_utf8_lossy(&out.stderr));
     let uuid = edra::inventory::mock::gpu_uuid(NODE, 2);
@@ -163,7 +173,7 @@ async fn the_hook_sets_the_shares_limit_which_holds_and_unprepare_clears_it() {
     let out = run_hook(&other, &cluster.dir.path().join("bundle2"), CGROUPS_PATH);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds no share of gpu-1"), "{out:?}");
-    unprepare_ok(&mut client, &claim).await;
+    unprepare_ok(&mut agent.v1().await, &claim).await;
     assert_eq!(limit_lines(&stub).last(), Some(&(uuid, 0, u64::MAX, scope)), "cleared: soft 0, hard max");
     assert_eq!(limit_lines(&stub).len(), 2);
     agent.terminate().await;
@@ -178,11 +188,7 @@ async fn a_kill_between_record_and_set_or_clear_and_forget_converges() {
     let (stub, scope) = node(&cluster, None);
     let file = config(&cluster, &stub, "enforced");
     let uuid = edra::inventory::mock::gpu_uuid(NODE, 2);
-    let mut agent = ChildAgent::start_configured(&cluster, &file, "memory-limit-after-record", &[]).await;
-    cluster.wait_published(NODE, GPUS).await;
-    let claim = share_claim(&cluster);
-    prepare_ok(&mut agent.v1().await, &claim).await;
-    let args = limit_hook(&spec_of(&cluster, &claim.uid)).expect("hook");
+    let (mut agent, claim, args) = prepared_share(&cluster, &file, "memory-limit-after-record").await;
     let out = run_hook(&args, &cluster.dir.path().join("bundle"), CGROUPS_PATH);
     assert_eq!(out.status.code(), Some(1), "the agent died before setting: the container is not created");
     agent.wait_exit().await;
@@ -215,11 +221,7 @@ async fn an_exited_containers_limit_is_cleared_before_its_cgroup_goes_even_acros
         std::fs::write(scope.join("cgroup.events"), format!("populated {n}\nfrozen 0\n")).unwrap()
     };
     populated(&scope, 1);
-    let mut agent = ChildAgent::start_configured(&cluster, &file, "", &[]).await;
-    cluster.wait_published(NODE, GPUS).await;
-    let claim = share_claim(&cluster);
-    prepare_ok(&mut agent.v1().await, &claim).await;
-    let args = limit_hook(&spec_of(&cluster, &claim.uid)).expect("hook");
+    let (mut agent, claim, args) = prepared_share(&cluster, &file, "").await;
     let out = run_hook(&args, &cluster.dir.path().join("bundle"), CGROUPS_PATH);
     assert!(out.status.success(), "hook: {}", String::from_utf8_lossy(&out.stderr));
     let (set, cleared) = ((uuid.clone(), SHARE, SHARE, scope.clone()), (uuid.clone(), 0, u64::MAX, scope.clone()));
