@@ -147,6 +147,7 @@ pub async fn run_signalling(
     let store_health = preparer.store().health();
     let held_shares = preparer.shared_gpus();
     let owned_mig = preparer.owned_mig();
+    let mig_changes = preparer.mig_changes();
 
     let healing = tokio::spawn(heal_state(preparer.clone(), shutdown.clone()));
     let (monitor, health_list_rx, listing_health) =
@@ -170,12 +171,8 @@ pub async fn run_signalling(
     let (publishing, status_rx) = start_publishing(&config, &cluster, held_shares, &views, &shutdown);
     let serving_status = serve_status(&config, backend.clone(), &views, &plugin, &status_rx, pods_in_use, &shutdown);
     let writing_status = keep_claim_status(&config, &cluster, &views, claims_changed, &shutdown);
-    let rediscovering = tokio::spawn(rediscover(
-        backend,
-        inventory_tx,
-        (config.rediscovery_interval, owned_mig.clone()),
-        shutdown.clone(),
-    ));
+    let rediscovering =
+        tokio::spawn(rediscover(backend, inventory_tx, (config.rediscovery_interval, mig_changes), shutdown.clone()));
     let serving_metrics = metrics_listener.map(|listener| {
         let readiness =
             Readiness { registration: plugin.registration(), publish: status_rx.clone(), state: store_health };

@@ -145,13 +145,13 @@ pub(super) async fn list_device_health(
     }
 }
 
-/// Rediscovers devices every `every`, and at once when the MIG instances edra holds
-/// change (`mig`: one was created or destroyed), so the published view of a dynamic-MIG
-/// GPU follows its instances without waiting for the interval.
+/// Rediscovers devices every `every`, and at once after edra created or destroyed a MIG
+/// instance (`mig` ticks), so the published view of a dynamic-MIG GPU follows its
+/// instances without waiting for the interval.
 pub(super) async fn rediscover(
     backend: Arc<dyn DeviceBackend>,
     tx: watch::Sender<Arc<Inventory>>,
-    (every, mut mig): (Duration, watch::Receiver<Arc<crate::dynamic_mig::OwnedInstances>>),
+    (every, mut mig): (Duration, watch::Receiver<u64>),
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval_at(kube::backoff::deadline_in(every), every);

@@ -185,6 +185,21 @@ impl Preparer {
         self.inner.owned_mig.subscribe()
     }
 
+    /// Ticks after every MIG instance edra created or destroyed on a GPU: the inventory
+    /// is stale then. A change since the preparer opened (recovery re-created an
+    /// instance) is seen at once by a new receiver.
+    pub fn mig_changes(&self) -> watch::Receiver<u64> {
+        let mut rx = self.inner.mig_changes.subscribe();
+        if *rx.borrow() != 0 {
+            rx.mark_changed();
+        }
+        rx
+    }
+
+    fn mig_changed(&self) {
+        self.inner.mig_changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// Re-reads the recorded MIG instances (an unreadable state keeps the last answer).
     pub(crate) fn refresh_owned_mig(&self) {
         let Ok(claims) = self.inner.store.claims() else { return };
@@ -259,6 +274,7 @@ impl Preparer {
         })?;
         let created =
             control.create_mig(&m.gpu, &profile, m.placement).map_err(|e| Self::mig_error(d, &m, "create", e))?;
+        self.mig_changed();
         failpoint::hit("prepare-after-mig-created");
         tracing::info!(claim.uid = %record.uid, device = %d.device, gpu = %m.gpu, gi = created.gi, uuid = created.uuid.as_deref().unwrap_or_default(), "MIG instance created");
         if let Some(slot) = record.devices.get_mut(index).and_then(|d| d.mig.as_mut()) {
@@ -349,7 +365,7 @@ impl Preparer {
             };
             let Some((gi, ci)) = target else { continue };
             match control.destroy_mig(&m.gpu, gi, ci) {
-                Ok(()) => {}
+                Ok(()) => self.mig_changed(),
                 Err(e) if gone(&e) => {
                     tracing::warn!(claim.uid = %rec.uid, gpu = %m.gpu, error = %e, "the GPU of a MIG instance is gone; nothing to destroy");
                 }
@@ -437,6 +453,7 @@ impl Preparer {
             self.inner.store.put_claim(&record)?;
             match control.create_mig(&m.gpu, &profile, m.placement) {
                 Ok(i) => {
+                    self.mig_changed();
                     self.record_created(&mut record, index, &i)?;
                     tracing::info!(claim.uid = %rec.uid, device = %d.device, gpu = %m.gpu, gi = i.gi, uuid = i.uuid.as_deref().unwrap_or_default(), "re-created a lost MIG instance at its placement");
                     outcome = outcome.max_with(MigCheck::Recreated);

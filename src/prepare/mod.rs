@@ -145,6 +145,8 @@ struct Inner {
     backend: Option<Arc<dyn DeviceBackend>>,
     /// The MIG instances recorded (for the publisher, which tells them from foreign ones).
     owned_mig: watch::Sender<Arc<crate::dynamic_mig::OwnedInstances>>,
+    /// Bumped after a MIG instance was created or destroyed on a GPU (rediscovery looks).
+    mig_changes: watch::Sender<u64>,
     /// Claims prepared early that the kubelet has not asked for yet: UID → (namespace, name).
     staged: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
     /// Whether edra reads claims as this node, once the API server said ([`stale`]).
@@ -227,6 +229,7 @@ impl Preparer {
             shared_gpus: watch::Sender::new(Arc::default()),
             backend,
             owned_mig: watch::Sender::new(Arc::default()),
+            mig_changes: watch::Sender::new(0),
             staged: Default::default(),
             node_identity: std::sync::OnceLock::new(),
             claims_changed: watch::Sender::new(0),

@@ -122,11 +122,22 @@ fn nodes(spec: &cdi::Spec) -> Vec<String> {
 async fn prepare_creates_and_records_the_instance_and_unprepare_destroys_it() {
     let m = Mig::new();
     let owned = m.f.preparer.owned_mig();
+    let mut changes = m.f.preparer.mig_changes();
+    assert!(!changes.has_changed().unwrap(), "nothing made yet");
+    // Rediscovery wakes on this tick: the instance must exist by then.
+    let (backend, gpu) = (m.backend.clone(), m.gpu0());
+    let seen = tokio::spawn(async move {
+        changes.changed().await.unwrap();
+        (backend.mig().unwrap().mig_instances(&gpu).unwrap().len(), changes)
+    });
     m.f.claims.put(mig_claim(UID1, HIGH));
     let r = m.f.preparer.prepare(vec![mref(UID1)]).await;
     assert_eq!(ok(&r, UID1)[0].device_name, HIGH);
     let made = m.instances();
     assert_eq!(made.len(), 1);
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(10), seen).await;
+    let (seen, changes) = waited.expect("making the instance ticks").unwrap();
+    assert_eq!(seen, 1, "the tick came before the instance was made");
     assert_eq!((made[0].gi, made[0].ci, made[0].placement, made[0].profile_id), (1, Some(0), HIGH_AT, 9));
     let rec = m.f.preparer.store().claim(UID1).unwrap().unwrap();
     assert_eq!(rec.phase, Phase::PrepareCompleted);
@@ -160,6 +171,7 @@ async fn prepare_creates_and_records_the_instance_and_unprepare_destroys_it() {
     let u = m.f.preparer.unprepare(vec![mref(UID1), mref(UID2)]).await;
     assert!(u.values().all(Result::is_ok), "{u:?}");
     assert!(m.instances().is_empty());
+    assert!(changes.has_changed().unwrap(), "destroying ticks too");
     assert!(m.f.preparer.store().claims().unwrap().is_empty());
     assert!(owned.borrow().is_empty());
 }
@@ -276,6 +288,7 @@ async fn a_reboot_loses_the_instance_and_recovery_creates_it_again_with_its_new_
     let foreign = m.foreign(19, 0);
     let (m, report) = m.restart();
     assert_eq!(report.mig_recreated, [UID1]);
+    assert!(m.f.preparer.mig_changes().has_changed().unwrap(), "a receiver taken after recovery sees its change");
     let now: Vec<MigInstance> = m.instances().into_iter().filter(|i| i.placement == HIGH_AT).collect();
     assert_eq!(now.len(), 1);
     assert_eq!(now[0].gi, 2);
