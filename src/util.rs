@@ -1,5 +1,7 @@
 //! Small helpers every layer uses and that depend on nothing else in edra: the version
-//! string, the one-line rendering of an error with its causes, and waiting for shutdown.
+//! string, the one-line rendering of an error with its causes, atomic and link-safe file
+//! writes, bounded reads of a child's output, a Unix socket bound private (0600) without
+//! touching the process's umask, the API server's Quantity text, and waiting for shutdown.
 
 /// edra's version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -105,6 +107,52 @@ pub fn set_dir_mode(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
         other => other?,
     };
     f.set_permissions(std::fs::Permissions::from_mode(mode))
+}
+
+/// A listening Unix socket bound at `at`, whose file is created with mode 0600 (less the
+/// umask) rather than made private after it appears: Linux gives the file the mode of the
+/// socket's own inode at bind, which `fchmod` on the unbound socket sets. The process's
+/// umask is never changed: it is shared by every thread, and a file another thread created
+/// meanwhile would get the narrow mask.
+pub fn listen_private(at: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = at.as_os_str().as_bytes();
+    // SAFETY: zeroed sockaddr_un is a valid value of this plain C struct.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a usable Unix socket path"));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: socket(2) with constant arguments; a non-negative result is a new descriptor
+    // that nothing else owns, so `OwnedFd` may take it.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by socket(2) and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: fchmod only reads the descriptor, which `fd` keeps open.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
+    let len = libc::socklen_t::try_from(len).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `addr` is a valid sockaddr_un whose first `len` bytes hold the family and the
+    // NUL-terminated path; the descriptor is open for the call.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast::<libc::sockaddr>(), len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: listen only reads the descriptor, which `fd` keeps open.
+    if unsafe { libc::listen(fd.as_raw_fd(), libc::SOMAXCONN) } != 0 {
+        let err = std::io::Error::last_os_error();
+        let _ = std::fs::remove_file(at);
+        return Err(err);
+    }
+    Ok(std::os::unix::net::UnixListener::from(fd))
 }
 
 /// `v` as the API server's canonical Quantity text, which it returns unchanged: a

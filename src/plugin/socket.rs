@@ -104,11 +104,11 @@ pub(crate) fn bind(path: &Path, stage: &Path) -> Result<BoundSocket, PluginError
             Some(listener) => listener,
             None => {
                 tracing::debug!(path = %path.display(), stage = %stage.display(), "another filesystem or mount than the staging directory; binding in place");
-                listen_private(path).map_err(bind_err)?
+                crate::util::listen_private(path).map_err(bind_err)?
             }
         },
         // A path too long for the staged name is bound in place.
-        None => listen_private(path).map_err(bind_err)?,
+        None => crate::util::listen_private(path).map_err(bind_err)?,
     };
     let listener =
         listener.set_nonblocking(true).and_then(|()| UnixListener::from_std(listener)).map_err(|source| {
@@ -134,7 +134,7 @@ fn bind_staged(staged: &Path, path: &Path) -> Result<Option<StdUnixListener>, Pl
     if fs::symlink_metadata(staged).is_ok_and(|m| m.file_type().is_socket()) {
         let _ = fs::remove_file(staged);
     }
-    let listener = listen_private(staged).map_err(bind_err)?;
+    let listener = crate::util::listen_private(staged).map_err(bind_err)?;
     // Exactly 0600 whatever the umask took away from the owner.
     if let Err(source) = fs::set_permissions(staged, Permissions::from_mode(0o600)) {
         let _ = fs::remove_file(staged);
@@ -151,50 +151,6 @@ fn bind_staged(staged: &Path, path: &Path) -> Result<Option<StdUnixListener>, Pl
             Err(bind_err(source))
         }
     }
-}
-
-/// A listening Unix socket bound at `at`, whose file is created with mode 0600 (less the
-/// umask) rather than made private after it appears: Linux gives the file the mode of the
-/// socket's own inode at bind, which `fchmod` on the unbound socket sets.
-fn listen_private(at: &Path) -> io::Result<StdUnixListener> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = at.as_os_str().as_bytes();
-    // SAFETY: zeroed sockaddr_un is a valid value of this plain C struct.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a usable Unix socket path"));
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: socket(2) with constant arguments; a non-negative result is a new descriptor
-    // that nothing else owns, so `OwnedFd` may take it.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by socket(2) and is owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: fchmod only reads the descriptor, which `fd` keeps open.
-    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
-    let len = libc::socklen_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: `addr` is a valid sockaddr_un whose first `len` bytes hold the family and the
-    // NUL-terminated path; the descriptor is open for the call.
-    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast::<libc::sockaddr>(), len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: listen only reads the descriptor, which `fd` keeps open.
-    if unsafe { libc::listen(fd.as_raw_fd(), libc::SOMAXCONN) } != 0 {
-        let err = io::Error::last_os_error();
-        let _ = fs::remove_file(at);
-        return Err(err);
-    }
-    Ok(StdUnixListener::from(fd))
 }
 
 /// The pid of the process at the other end of a connected Unix socket (`SO_PEERCRED`).

@@ -58,12 +58,12 @@ pub fn bind(runtime_dir: &Path) -> Result<UnixListener, StatusServeError> {
         }
         Err(_) => {}
     }
-    // SAFETY: umask only changes this process's file creation mask; it is put back at once.
-    let old = unsafe { libc::umask(0o177) };
-    let bound = UnixListener::bind(&path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
-    bound.map_err(err)
+    crate::util::listen_private(&path)
+        .and_then(|l| {
+            l.set_nonblocking(true)?;
+            UnixListener::from_std(l)
+        })
+        .map_err(err)
 }
 
 /// Binds and serves the status socket under `runtime_dir` until `shutdown`; a socket that

@@ -81,3 +81,33 @@ fn a_failed_create_leaves_the_file_as_it_was_and_no_temp_file() {
     assert_eq!(std::fs::read(&path).unwrap(), b"old");
     assert!(!tmp.exists());
 }
+
+#[test]
+fn a_private_socket_is_0600_and_files_other_threads_create_meanwhile_keep_their_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &std::path::Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+    let reference = dir.path().join("reference");
+    std::fs::create_dir(&reference).unwrap();
+    let expected = mode(&reference);
+    assert_ne!(expected & 0o111, 0, "the test's umask leaves directories searchable");
+    let sockets = dir.path().join("sockets");
+    std::fs::create_dir(&sockets).unwrap();
+    let binding = std::thread::spawn(move || {
+        for i in 0..300 {
+            let at = sockets.join(format!("{i}.sock"));
+            drop(listen_private(&at).unwrap());
+            assert_eq!(std::fs::symlink_metadata(&at).unwrap().permissions().mode() & 0o777, 0o600);
+        }
+    });
+    let mut created = 0;
+    while !binding.is_finished() || created == 0 {
+        let made = dir.path().join(format!("dir-{created}"));
+        std::fs::create_dir(&made).unwrap();
+        assert_eq!(mode(&made), expected, "a directory made while a socket was bound");
+        created += 1;
+    }
+    binding.join().unwrap();
+    let long = dir.path().join("x".repeat(200));
+    assert_eq!(listen_private(&long).unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+}

@@ -36,12 +36,9 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
         }
         Err(_) => {}
     }
-    // SAFETY: umask only changes this process's file creation mask; it is put back at once.
-    let old = unsafe { libc::umask(0o177) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
-    bound
+    let listener = crate::util::listen_private(path)?;
+    listener.set_nonblocking(true)?;
+    UnixListener::from_std(listener)
 }
 
 /// Serves `listener` (bound at `path`) for `preparer` until `shutdown`, then removes it.
