@@ -155,6 +155,26 @@ pub fn listen_private(at: &std::path::Path) -> std::io::Result<std::os::unix::ne
     Ok(std::os::unix::net::UnixListener::from(fd))
 }
 
+/// A tokio listener bound 0600 at `path` ([`listen_private`]) for one of the agent's own
+/// sockets: its directory is made, a socket a previous agent left is replaced, and any
+/// other file in the way is refused rather than removed.
+pub fn bind_replacing(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => std::fs::remove_file(path)?,
+        Ok(_) => {
+            let what = "a file that is not a socket is in the way; remove it";
+            return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, what));
+        }
+        Err(_) => {}
+    }
+    let listener = listen_private(path)?;
+    listener.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(listener)
+}
+
 /// `v` as the API server's canonical Quantity text, which it returns unchanged: a
 /// multiple of 1024 (from 1024 up) in binary-SI form with the largest exact suffix
 /// (`85899345920` → `80Gi`), anything else in decimal-SI form with the largest exact

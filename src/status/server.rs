@@ -1,7 +1,8 @@
 //! The agent's side of `edra status`: `GET /v1/status` over HTTP/1.1 on a Unix socket in
-//! the runtime directory. The socket is 0600 from its creation (bound under a umask that
-//! allows nothing else; connecting needs write permission on it), so only root reaches it;
-//! the directory keeps its own mode (root's, 0755). Any other request is 404.
+//! the runtime directory. The socket is 0600 from its creation
+//! ([`crate::util::listen_private`]; connecting needs write permission on it), so only
+//! root reaches it; the directory keeps its own mode (root's, 0755). Any other request is
+//! 404.
 //! Each answer is collected on a blocking thread from what the agent holds; a connection
 //! is served for at most [`CONNECTION_LIMIT`], and the socket is removed at shutdown.
 
@@ -46,24 +47,7 @@ pub fn socket_path(runtime_dir: &Path) -> PathBuf {
 /// Binds `<runtime_dir>/status.sock` (0600), replacing a socket a previous agent left.
 pub fn bind(runtime_dir: &Path) -> Result<UnixListener, StatusServeError> {
     let path = socket_path(runtime_dir);
-    let err = |source| StatusServeError::Bind { path: path.clone(), source };
-    std::fs::create_dir_all(runtime_dir).map_err(err)?;
-    match std::fs::symlink_metadata(&path) {
-        Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
-            std::fs::remove_file(&path).map_err(err)?
-        }
-        Ok(_) => {
-            let what = "a file that is not a socket is in the way; remove it";
-            return Err(err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, what)));
-        }
-        Err(_) => {}
-    }
-    crate::util::listen_private(&path)
-        .and_then(|l| {
-            l.set_nonblocking(true)?;
-            UnixListener::from_std(l)
-        })
-        .map_err(err)
+    crate::util::bind_replacing(&path).map_err(|source| StatusServeError::Bind { path, source })
 }
 
 /// Binds and serves the status socket under `runtime_dir` until `shutdown`; a socket that

@@ -111,3 +111,22 @@ fn a_private_socket_is_0600_and_files_other_threads_create_meanwhile_keep_their_
     let long = dir.path().join("x".repeat(200));
     assert_eq!(listen_private(&long).unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
 }
+
+#[tokio::test]
+async fn an_agents_socket_replaces_a_stale_socket_and_refuses_any_other_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let at = dir.path().join("run/edra/agent.sock");
+    drop(bind_replacing(&at).unwrap());
+    assert!(at.exists(), "a dropped listener leaves its socket file, as a killed agent does");
+    let listener = bind_replacing(&at).unwrap();
+    assert_eq!(std::fs::metadata(&at).unwrap().permissions().mode() & 0o777, 0o600);
+    tokio::net::UnixStream::connect(&at).await.unwrap();
+    drop(listener);
+    std::fs::remove_file(&at).unwrap();
+    std::fs::write(&at, "someone's file").unwrap();
+    let refused = bind_replacing(&at).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::AlreadyExists);
+    assert!(refused.to_string().contains("not a socket"), "{refused}");
+    assert_eq!(std::fs::read(&at).unwrap(), b"someone's file");
+}

@@ -1,6 +1,6 @@
 //! The agent's memory-limit socket, `<runtime_dir>/memory-limit.sock`: 0600 from its
-//! creation (bound under a umask that allows nothing else), and a peer must be root or
-//! the agent's own user. One request line, one answer line ([`wire`]); a connection gets
+//! creation ([`crate::util::listen_private`]), and a peer must be root or the agent's own
+//! user. One request line, one answer line ([`wire`]); a connection gets
 //! [`CONNECTION_LIMIT`] in all. The socket is removed at shutdown.
 
 use std::path::{Path, PathBuf};
@@ -25,20 +25,7 @@ pub fn socket_path(runtime_dir: &Path) -> PathBuf {
 
 /// Binds the socket (0600) at `path`, replacing a socket a previous agent left.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => std::fs::remove_file(path)?,
-        Ok(_) => {
-            let what = "a file that is not a socket is in the way; remove it";
-            return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, what));
-        }
-        Err(_) => {}
-    }
-    let listener = crate::util::listen_private(path)?;
-    listener.set_nonblocking(true)?;
-    UnixListener::from_std(listener)
+    crate::util::bind_replacing(path)
 }
 
 /// Serves `listener` (bound at `path`) for `preparer` until `shutdown`, then removes it.
