@@ -46,6 +46,21 @@ pub enum InstanceError {
         /// What is there instead.
         found: &'static str,
     },
+    /// The lock file's directory is missing and its parent cannot be written: under
+    /// systemd, a kubelet directory that did not exist when edra started.
+    #[error(
+        "{} does not exist and cannot be made here ({source}): is the kubelet running? It makes its plugin \
+         directory when it starts; edra is started again until it exists (under systemd, ReadWritePaths= opens \
+         only directories present when edra starts). If the kubelet runs with another --root-dir, set \
+         kubelet.root_dir in edra's config",
+        dir.display()
+    )]
+    DirMissing {
+        /// The missing directory.
+        dir: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
     /// The lock file could not be created or locked.
     #[error("cannot create or lock {}; check that its directory exists and is writable by edra", path.display())]
     Io {
@@ -76,7 +91,14 @@ fn lock(path: &Path) -> Result<File, InstanceError> {
     let io_err = |source| InstanceError::Io { path: path.to_path_buf(), source };
     if let Some(dir) = path.parent() {
         use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(io_err)?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(|source: io::Error| {
+            let unwritable = matches!(source.raw_os_error(), Some(libc::EROFS | libc::EACCES | libc::EPERM));
+            if unwritable && !dir.is_dir() {
+                InstanceError::DirMissing { dir: dir.to_path_buf(), source }
+            } else {
+                io_err(source)
+            }
+        })?;
     }
     let mut file = open_own_file(path)?;
     match try_flock(&file) {

@@ -252,5 +252,7 @@ pub fn quantity(v: u64) -> String {
     format!("{n}{}", ["", "k", "M", "G", "T", "P", "E"][i])
 }
 
+pub mod fdstore;
+
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,8 @@
 //!
 //! Start: credentials (offline; a malformed kubeconfig stops here) → discover devices →
 //! open and recover the state → serve the DRA socket, then the registration socket →
-//! publish slices; the metrics address is bound first and served once the plugin runs (an
+//! `READY=1` to systemd (serving from the local state, whatever the kubelet and the API
+//! server do) → publish slices; the metrics address is bound first and served once the plugin runs (an
 //! address another process holds is bound later, when free; the kubelet is served
 //! regardless). The API server is needed only for publishing and for first-time prepares:
 //! when it is unreachable the kubelet is still served, so claims prepared before keep
@@ -31,6 +32,7 @@ use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
 use crate::util::{error_chain, stopped};
 
+mod kept_sockets;
 mod memory_limit;
 mod tasks;
 use tasks::*;
@@ -154,13 +156,19 @@ pub async fn run_signalling(
         start_health(&config, backend.name(), &inventory_rx, &shutdown).await;
     let health_snapshot = monitor.snapshot.clone();
     let calls = CallMetrics::new();
-    let options = PluginOptions { observer: Some(calls.clone()), health: Some(health_list_rx) };
+    let inherited = kept_sockets::inherited();
+    let options = PluginOptions {
+        observer: Some(calls.clone()),
+        health: Some(health_list_rx),
+        inherited: Some(inherited.clone()),
+    };
     let gpu_changes = preparer.gpu_change_counts();
     let mps_stats = preparer.mps_stats();
     let supervising = tokio::spawn(supervise_mps(preparer.clone(), config.mps.check_interval, shutdown.clone()));
     let (releasing, prefetching, pods_in_use) =
         watch_claims(&config, &preparer, &cluster, prefetcher, &client, &shutdown);
-    let plugin = serve_kubelet(&config, preparer, options, ready)?;
+    let mut plugin = serve_kubelet(&config, preparer, options, ready)?;
+    let (notifier, storing) = started_for_systemd(&mut plugin, &inherited, &shutdown);
 
     let views = Views {
         inventory: inventory_rx.clone(),
@@ -179,10 +187,13 @@ pub async fn run_signalling(
         let metrics = metrics(&client, &plugin, &status_rx, &calls, (gpu_changes, mps_stats), &views);
         listener.serve(Endpoints { metrics, readiness }, shutdown.clone())
     });
-    let notifier = systemd_notifier();
     let watchdog = notifier.clone().map(|n| tokio::spawn(ping_watchdog(n, shutdown.clone())));
-    let readiness =
-        tokio::spawn(report_readiness(plugin.registration(), status_rx, notifier.clone(), shutdown.clone()));
+    let readiness = tokio::spawn(report_readiness(
+        plugin.registration(),
+        status_rx,
+        (notifier.clone(), config.paths.registry_dir.clone()),
+        shutdown.clone(),
+    ));
 
     stopped(&mut shutdown).await;
     let tasks = [
@@ -196,9 +207,30 @@ pub async fn run_signalling(
         monitor.task,
         writing_status,
     ];
-    let optional = [watchdog, serving_metrics, prefetching, serving_status, serving_limits];
+    let optional = [watchdog, serving_metrics, prefetching, serving_status, serving_limits, storing];
     let tasks = tasks.into_iter().chain(optional.into_iter().flatten());
     drain(notifier, plugin, tasks, store, config.shutdown_grace).await
+}
+
+/// Tells systemd (when edra runs under it) that edra has started: its listening sockets go
+/// to the fd store, then `READY=1`. The kubelet's calls are answered from the local state
+/// from now on, whether or not the kubelet has registered edra or the API server answers,
+/// so an offline node's agent is never killed by a start timeout; `STATUS=` then says what
+/// it waits for. Returns the notifier and the task that marks the stored registration
+/// socket registered.
+fn started_for_systemd(
+    plugin: &mut PluginServer,
+    inherited: &std::sync::Mutex<crate::util::fdstore::Inherited>,
+    shutdown: &watch::Receiver<bool>,
+) -> (Option<Arc<Notifier>>, Option<JoinHandle<()>>) {
+    let notifier = systemd_notifier();
+    let storing = kept_sockets::store(notifier.as_ref(), plugin, inherited, shutdown.clone());
+    if let Some(n) = &notifier
+        && let Err(e) = n.ready()
+    {
+        warn!(error = %e, "cannot send READY=1 to systemd");
+    }
+    (notifier, storing)
 }
 
 /// What the agent's reporting tasks read: the devices, their health, the state and the

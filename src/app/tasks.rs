@@ -255,17 +255,27 @@ pub(super) async fn publish(
         .await;
 }
 
+/// How long after start the kubelet may take to register edra before a warning says so.
+pub(super) const REGISTRATION_WARNING: Duration = Duration::from_secs(30);
+
 /// Logs when the agent becomes ready (registered with the kubelet and slices published) and
-/// when it stops being so, and keeps systemd informed (READY=1 once, STATUS= on changes).
+/// when it stops being so, and keeps systemd's `STATUS=` saying what it waits for
+/// (registration, publishing, with the last error). `READY=1` is not sent here: the agent
+/// is started for systemd as soon as it serves the kubelet's sockets from its local state
+/// ([`super::run_signalling`]), whether or not the kubelet or the API server answer. When
+/// the kubelet has not registered edra [`REGISTRATION_WARNING`] after start, one warning
+/// names `registry_dir`, the directory it serves its registration socket in.
 pub(super) async fn report_readiness(
     mut registration: watch::Receiver<RegistrationState>,
     mut publish: watch::Receiver<PublishStatus>,
-    notifier: Option<Arc<Notifier>>,
+    (notifier, registry_dir): (Option<Arc<Notifier>>, std::path::PathBuf),
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut told_ready = false;
     let mut was_ready = false;
     let mut last_status = String::new();
+    let registration_deadline = tokio::time::sleep(REGISTRATION_WARNING);
+    tokio::pin!(registration_deadline);
+    let mut warned = false;
     loop {
         let registration_state = registration.borrow().clone();
         let registered = registration_state.is_registered();
@@ -279,32 +289,48 @@ pub(super) async fn report_readiness(
             }
             was_ready = ready;
         }
-        let status = match (&registration_state, published, &last_error) {
-            (RegistrationState::Refused(reason), _, _) => format!("the kubelet refused the registration: {reason}"),
-            (_, true, _) if registered => format!("ready: {devices} devices published"),
-            (_, false, Some(e)) => format!("registered with the kubelet: {registered}; not published yet: {e}"),
-            _ => format!("registered with the kubelet: {registered}; slices published: {published}"),
-        };
-        if let Some(n) = &notifier {
-            // An edge node may start without its control plane: once the kubelet is served
-            // and publishing has been tried, the start is complete for systemd (the status
-            // says what is missing) rather than a working agent being killed at the timeout.
-            let started = registered && (published || last_error.is_some());
-            if started && !told_ready {
-                told_ready = true;
-                if let Err(e) = n.ready() {
-                    warn!(target: "edra::app", error = %e, "cannot send READY=1 to systemd");
-                }
-            }
-            if status != last_status {
-                let _ = n.status(&status);
-            }
+        let status = readiness_status(&registration_state, published, devices, last_error.as_deref());
+        if let Some(n) = &notifier
+            && status != last_status
+        {
+            let _ = n.status(&status);
         }
         last_status = status;
         tokio::select! {
             r = registration.changed() => if r.is_err() { return },
             r = publish.changed() => if r.is_err() { return },
+            () = &mut registration_deadline, if !warned => {
+                warned = true;
+                if !registration.borrow().is_registered() {
+                    warn!(target: "edra::app", registry_dir = %registry_dir.display(), waited_s = REGISTRATION_WARNING.as_secs(),
+                        "the kubelet has not registered edra yet: is the kubelet running, and with this root directory \
+                         (its --root-dir; kubelet.root_dir or kubelet.registry_dir in edra's config)? The kubelet's calls \
+                         are answered meanwhile");
+                }
+            }
             () = stopped(&mut shutdown) => return,
         }
     }
 }
+
+/// The one-line status systemd shows for edra: what it serves and what it waits for.
+fn readiness_status(
+    registration: &RegistrationState,
+    published: bool,
+    devices: usize,
+    last_error: Option<&str>,
+) -> String {
+    let registered = registration.is_registered();
+    match (registration, published, last_error) {
+        (RegistrationState::Refused(reason), _, _) => format!("the kubelet refused the registration: {reason}"),
+        (_, true, _) if registered => format!("ready: {devices} devices published"),
+        (_, false, Some(e)) if registered => format!("serving; registered with the kubelet; not published yet: {e}"),
+        (_, false, Some(e)) => format!("serving; waiting for the kubelet to register edra; not published yet: {e}"),
+        (_, true, _) => format!("serving; waiting for the kubelet to register edra; {devices} devices published"),
+        (_, false, None) if registered => "serving; registered with the kubelet; publishing".to_string(),
+        (_, false, None) => "serving; waiting for the kubelet to register edra; publishing".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

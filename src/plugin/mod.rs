@@ -66,6 +66,20 @@ pub enum PluginError {
         #[source]
         source: io::Error,
     },
+    /// A kubelet directory is missing and cannot be made: under systemd the unit opens the
+    /// kubelet's directories for writing only when they exist as edra starts.
+    #[error(
+        "the kubelet's directory {path} does not exist and cannot be made here ({source}): is the kubelet running? \
+         It makes the directory when it starts; edra is started again until it exists (under systemd, \
+         ReadWritePaths= opens only directories present when edra starts). If the kubelet runs with another \
+         --root-dir, set kubelet.root_dir in edra's config"
+    )]
+    KubeletDirMissing {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
     /// The socket path is longer than a Unix socket address can hold.
     #[error("socket path {path} is longer than {max} bytes, the Unix socket limit; use a shorter kubelet directory")]
     SocketPathTooLong {

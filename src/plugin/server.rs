@@ -7,8 +7,9 @@
 //! stops accepting on both, lets calls in flight finish within a grace period, aborts
 //! what is still running after it, and removes both sockets.
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
@@ -30,6 +31,14 @@ use super::proto::registration::registration_server::RegistrationServer;
 use super::registration::{RegistrationService, RegistrationState};
 use super::socket::{self, BoundSocket, Connections, FileId};
 use crate::config::Paths;
+use crate::util::fdstore::Inherited;
+
+/// The DRA socket's name in systemd's fd store.
+const DRA_ROLE: &str = "dra";
+/// The registration socket's name in systemd's fd store before the kubelet registered it.
+const REGISTRATION_ROLE: &str = "registration";
+/// The registration socket's name in systemd's fd store once the kubelet registered it.
+const REGISTERED_ROLE: &str = "registered";
 
 /// How long to wait, after the grace period, for aborted calls and connections to end.
 const FORCE_CLOSE_WAIT: Duration = Duration::from_secs(1);
@@ -39,6 +48,8 @@ struct Served {
     name: &'static str,
     path: PathBuf,
     file: FileId,
+    /// A copy of the listening socket, for systemd's fd store.
+    listening: Option<OwnedFd>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
     connections: Arc<Connections>,
@@ -51,6 +62,10 @@ pub struct PluginOptions {
     pub health: Option<watch::Receiver<HealthList>>,
     /// Told about every finished DRAPlugin call and every registration status.
     pub observer: Option<Arc<dyn CallObserver>>,
+    /// Listening sockets handed back from systemd's fd store: the DRA socket (`dra`) and
+    /// the registration socket (`registered` when the kubelet had registered it, else
+    /// `registration`) are served on them when they are still edra's.
+    pub inherited: Option<Arc<Mutex<Inherited>>>,
 }
 
 impl std::fmt::Debug for PluginOptions {
@@ -58,6 +73,7 @@ impl std::fmt::Debug for PluginOptions {
         f.debug_struct("PluginOptions")
             .field("health", &self.health.is_some())
             .field("observer", &self.observer.is_some())
+            .field("inherited", &self.inherited.is_some())
             .finish()
     }
 }
@@ -72,6 +88,8 @@ pub struct PluginServer {
     stopping: watch::Sender<bool>,
     /// Registration first, so shutdown waits on it first.
     served: Vec<Served>,
+    /// Leave the socket files at shutdown: systemd's fd store keeps them listening.
+    keep_files: bool,
 }
 
 impl std::fmt::Debug for PluginServer {
@@ -112,7 +130,9 @@ impl PluginServer {
         handler: Arc<H>,
         options: PluginOptions,
     ) -> Result<PluginServer, PluginError> {
-        let PluginOptions { health, observer } = options;
+        let PluginOptions { health, observer, inherited } = options;
+        let take =
+            |role: &str| inherited.as_ref().and_then(|i| i.lock().unwrap_or_else(PoisonError::into_inner).take(role));
         let observer = observer.unwrap_or_else(|| Arc::new(NoObserver));
         crate::config::validate_driver_name(driver)
             .map_err(|reason| PluginError::InvalidDriverName { name: driver.to_string(), reason })?;
@@ -125,7 +145,7 @@ impl PluginServer {
         socket::prepare_dir(&paths.plugin_dir(driver), true)?;
         // Both sockets are staged in the driver's own directory, which the kubelet does not watch.
         let stage = absolute(&paths.plugin_dir(driver))?;
-        let dra_socket = socket::bind(&dra_path, &stage)?;
+        let dra_socket = socket::adopt_or_bind(&dra_path, &stage, take(DRA_ROLE))?;
         let inflight = InFlight::new();
         let calls = DraCalls::new(handler, Arc::clone(&inflight), Arc::clone(&observer));
         let (stopping, stopping_rx) = watch::channel(false);
@@ -137,13 +157,19 @@ impl PluginServer {
             .add_optional_service(health.clone().map(HealthV1Server::new))
             .add_optional_service(health.clone().map(HealthV1beta1Server::new))
             .add_optional_service(health.map(HealthV1alpha1Server::new));
-        let dra = serve("dra", dra_socket, move |incoming, stop| async move {
+        let dra = serve(DRA_ROLE, dra_socket, move |incoming, stop| async move {
             dra_router.serve_with_incoming_shutdown(incoming, stop).await
         });
         tracing::info!(path = %dra_path.display(), health = serves_health, "serving DRAPlugin v1 and v1beta1");
 
-        let (state_tx, registration) = watch::channel(RegistrationState::Unknown);
-        let registered = socket::prepare_dir(&paths.registry_dir, false).and_then(|()| socket::bind(&reg_path, &stage));
+        // A registration socket the kubelet had registered before a restart stays registered:
+        // the kubelet drops a registration only when the socket file goes.
+        let kept = take(REGISTERED_ROLE);
+        let first = if kept.is_some() { RegistrationState::Registered } else { RegistrationState::Unknown };
+        let inherited_reg = kept.or_else(|| take(REGISTRATION_ROLE));
+        let (state_tx, registration) = watch::channel(first);
+        let registered = socket::prepare_dir(&paths.registry_dir, false)
+            .and_then(|()| socket::adopt_or_bind(&reg_path, &stage, inherited_reg));
         let reg_socket = match registered {
             Ok(bound) => bound,
             Err(e) => {
@@ -154,13 +180,14 @@ impl PluginServer {
                     inflight,
                     stopping,
                     served: vec![dra],
+                    keep_files: false,
                 });
                 return Err(e);
             }
         };
         let service = RegistrationService::new(driver.to_string(), endpoint, serves_health, state_tx, observer);
         let reg_router = Server::builder().add_service(RegistrationServer::new(service));
-        let reg = serve("registration", reg_socket, move |incoming, stop| async move {
+        let reg = serve(REGISTRATION_ROLE, reg_socket, move |incoming, stop| async move {
             reg_router.serve_with_incoming_shutdown(incoming, stop).await
         });
         tracing::info!(path = %reg_path.display(), driver, "serving plugin registration");
@@ -172,7 +199,29 @@ impl PluginServer {
             inflight,
             stopping,
             served: vec![reg, dra],
+            keep_files: false,
         })
+    }
+
+    /// The listening sockets with the names they are kept under in systemd's fd store:
+    /// `dra.<dev>.<ino>`, and `registration.<dev>.<ino>` or, once the kubelet has
+    /// registered edra, `registered.<dev>.<ino>`.
+    pub fn listening_sockets(&self) -> Vec<(String, BorrowedFd<'_>)> {
+        let registered = self.registration.borrow().is_registered();
+        self.served
+            .iter()
+            .filter_map(|s| {
+                let role = if s.name == REGISTRATION_ROLE && registered { REGISTERED_ROLE } else { s.name };
+                let fd = s.listening.as_ref()?;
+                Some((crate::util::fdstore::store_name(role, s.file.dev(), s.file.ino()), fd.as_fd()))
+            })
+            .collect()
+    }
+
+    /// Leaves the socket files in place at shutdown, for sockets systemd's fd store keeps
+    /// listening: the next process serves them, and the kubelet never sees them go.
+    pub fn keep_socket_files(&mut self) {
+        self.keep_files = true;
     }
 
     /// The kubelet's verdict on the registration, updated on every status it sends.
@@ -235,10 +284,14 @@ impl PluginServer {
                 }
             }
         }
-        for s in &served {
-            socket::remove_own(&s.path, s.file);
+        if self.keep_files {
+            tracing::info!(graceful, "plugin sockets closed; systemd keeps them listening for the next start");
+        } else {
+            for s in &served {
+                socket::remove_own(&s.path, s.file);
+            }
+            tracing::info!(graceful, "plugin sockets closed");
         }
-        tracing::info!(graceful, "plugin sockets closed");
         aborted
     }
 }
@@ -254,7 +307,9 @@ impl Drop for PluginServer {
         for s in self.served.drain(..) {
             s.task.abort();
             s.connections.close_all();
-            socket::remove_own(&s.path, s.file);
+            if !self.keep_files {
+                socket::remove_own(&s.path, s.file);
+            }
         }
     }
 }
@@ -271,6 +326,8 @@ where
     Fut: std::future::Future<Output = Result<(), tonic::transport::Error>> + Send + 'static,
 {
     use futures_util::{FutureExt, StreamExt};
+    use std::os::fd::AsFd;
+    let listening = bound.listener.as_fd().try_clone_to_owned().ok();
     let BoundSocket { path, listener, file } = bound;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let connections = Arc::new(Connections::default());
@@ -281,7 +338,7 @@ where
             tracing::error!(socket = name, error = %e, "serving the plugin socket failed");
         }
     });
-    Served { name, path, file, stop: Some(stop_tx), task, connections }
+    Served { name, path, file, listening, stop: Some(stop_tx), task, connections }
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, PluginError> {

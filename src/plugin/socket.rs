@@ -38,18 +38,75 @@ pub(crate) struct BoundSocket {
     pub(crate) file: FileId,
 }
 
-/// Device and inode of a socket file this process created.
+/// Serves `path` on the socket `inherited` (one handed back from systemd's fd store, with
+/// its name) when it passes [`crate::util::fdstore::check_stored_socket`]; otherwise (or
+/// without one) closes it and binds anew ([`bind`]).
+pub(crate) fn adopt_or_bind(
+    path: &Path,
+    stage: &Path,
+    inherited: Option<(String, std::os::fd::OwnedFd)>,
+) -> Result<BoundSocket, PluginError> {
+    use std::os::fd::AsFd;
+    if let Some((name, fd)) = inherited {
+        match crate::util::fdstore::check_stored_socket(fd.as_fd(), &name, path) {
+            Ok((dev, ino)) => {
+                let listener = StdUnixListener::from(fd);
+                let adopted = listener.set_nonblocking(true).and_then(|()| UnixListener::from_std(listener));
+                match adopted {
+                    Ok(listener) => {
+                        tracing::info!(path = %path.display(), "serving the socket kept open across the restart");
+                        return Ok(BoundSocket { path: path.to_path_buf(), listener, file: FileId { dev, ino } });
+                    }
+                    Err(e) => tracing::warn!(path = %path.display(), error = %e,
+                        "cannot serve the socket kept open across the restart; binding anew"),
+                }
+            }
+            Err(why) => {
+                tracing::warn!(path = %path.display(), reason = %why,
+                    "the socket kept open across the restart is not the one edra serves; closing it and binding anew");
+                // Its own file (the stored copy keeps it answering connections) goes too.
+                if let Some((_, dev, ino)) = crate::util::fdstore::parse_name(&name)
+                    && fs::symlink_metadata(path)
+                        .is_ok_and(|m| m.file_type().is_socket() && (m.dev(), m.ino()) == (dev, ino))
+                {
+                    let _ = fs::remove_file(path);
+                }
+            }
+        }
+    }
+    bind(path, stage)
+}
+
+/// Device and inode of a socket file this process created (or was handed back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FileId {
     dev: u64,
     ino: u64,
 }
 
+impl FileId {
+    pub(crate) fn dev(self) -> u64 {
+        self.dev
+    }
+
+    pub(crate) fn ino(self) -> u64 {
+        self.ino
+    }
+}
+
 /// Creates `dir` (and missing parents) with mode 0750 if it does not exist. With
 /// `owned`, the directory belongs to edra and its mode is set to 0750 even if it exists.
 pub(crate) fn prepare_dir(dir: &Path, owned: bool) -> Result<(), PluginError> {
     let failed = |source| PluginError::CreateDir { path: dir.to_path_buf(), source };
-    DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(failed)?;
+    DirBuilder::new().recursive(true).mode(0o750).create(dir).map_err(|source: io::Error| {
+        // Not made because where it belongs cannot be written: the kubelet has not made it.
+        let missing = matches!(source.raw_os_error(), Some(libc::EROFS | libc::EACCES | libc::EPERM));
+        if missing && !dir.is_dir() {
+            PluginError::KubeletDirMissing { path: outer_missing(dir), source }
+        } else {
+            failed(source)
+        }
+    })?;
     if owned {
         crate::util::set_dir_mode(dir, 0o750).map_err(failed)?;
     } else if let Ok(meta) = fs::metadata(dir)
@@ -60,6 +117,19 @@ pub(crate) fn prepare_dir(dir: &Path, owned: bool) -> Result<(), PluginError> {
         tracing::warn!(path = %dir.display(), mode = format!("{:o}", meta.mode() & 0o7777), "directory is accessible to every user");
     }
     Ok(())
+}
+
+/// The outermost missing directory on the way to `dir` (the one the kubelet should have
+/// made), or `dir` itself.
+fn outer_missing(dir: &Path) -> PathBuf {
+    let mut missing = dir;
+    while let Some(parent) = missing.parent()
+        && !parent.as_os_str().is_empty()
+        && !parent.exists()
+    {
+        missing = parent;
+    }
+    missing.to_path_buf()
 }
 
 /// Binds a listening socket at `path`, replacing a stale socket of that name; anything

@@ -10,6 +10,7 @@ mod crash_release;
 mod diskfull;
 mod exits;
 mod health;
+mod kept_sockets;
 mod logs;
 pub(crate) mod memory_limits;
 mod mig;

@@ -40,3 +40,12 @@ async fn a_live_socket_is_never_replaced_and_a_dead_one_is() {
     assert!(StdUnixStream::connect(&path).is_ok(), "the new socket listens");
     drop(bound);
 }
+
+#[test]
+fn the_missing_kubelet_directory_named_is_the_outermost_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = tmp.path().join("kubelet");
+    assert_eq!(outer_missing(&kubelet.join("plugins/gpu.edra.dev")), kubelet);
+    fs::create_dir(&kubelet).unwrap();
+    assert_eq!(outer_missing(&kubelet.join("plugins/gpu.edra.dev")), kubelet.join("plugins"));
+}

@@ -189,3 +189,51 @@ async fn watchdog_task_survives_failed_pings() {
     stop.send(()).expect("task still running");
     task.await.expect("watchdog task ends when cancelled");
 }
+
+/// Receives one datagram and the descriptors it carried (`SCM_RIGHTS`).
+fn recv_with_fds(socket: &UnixDatagram) -> (String, Vec<std::os::fd::OwnedFd>) {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut buf = [0u8; 512];
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: a zeroed msghdr is valid; the buffers it points at outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: recvmsg writes within the lengths given.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &raw mut msg, libc::MSG_CMSG_CLOEXEC) };
+    assert!(n >= 0, "recvmsg: {}", std::io::Error::last_os_error());
+    let mut fds = Vec::new();
+    // SAFETY: walking the control data recvmsg filled in; SCM_RIGHTS carries ints that are
+    // descriptors now owned by this process.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        if !cmsg.is_null() && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+            fds.push(std::os::fd::OwnedFd::from_raw_fd(fd));
+        }
+    }
+    (String::from_utf8(buf[..n as usize].to_vec()).expect("utf-8"), fds)
+}
+
+#[test]
+fn a_socket_is_stored_with_its_name_and_removed_by_name() {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let (dir, socket, env) = listener();
+    let n = notifier(&env);
+    let stored = std::os::unix::net::UnixListener::bind(dir.path().join("dra.sock")).expect("bind");
+    n.store_fd("dra.1.2", stored.as_fd()).expect("store");
+    let (text, fds) = recv_with_fds(&socket);
+    assert_eq!(text, "FDSTORE=1\nFDNAME=dra.1.2");
+    assert_eq!(fds.len(), 1, "one descriptor passed");
+    // The very socket: the same inode on the socket filesystem.
+    let ino = |fd: std::os::fd::BorrowedFd<'_>| {
+        std::fs::File::from(fd.try_clone_to_owned().unwrap()).metadata().unwrap().ino()
+    };
+    assert_eq!(ino(fds[0].as_fd()), ino(stored.as_fd()));
+    n.remove_stored("dra.1.2").expect("remove");
+    assert_eq!(recv(&socket), "FDSTOREREMOVE=1\nFDNAME=dra.1.2");
+}

@@ -473,9 +473,10 @@ async fn a_restart_after_sigkill_replaces_stale_sockets() {
     prepare_ok(&mut v1, &claim).await;
     unprepare_ok(&mut v1, &claim).await;
     child.terminate().await;
-    assert!(dir_names(&registry).is_empty(), "{:?}", dir_names(&registry));
+    // systemd's fd store (played by the test) keeps the sockets listening: their files stay.
+    assert_eq!(dir_names(&registry), ["gpu.edra.dev-reg.sock"]);
     // The instance lock file stays (removing it would let two starting agents race).
-    assert_eq!(dir_names(&plugin_dir), ["edra.lock"]);
+    assert_eq!(dir_names(&plugin_dir), ["dra.sock", "edra.lock"]);
 }
 
 #[cfg(debug_assertions)]

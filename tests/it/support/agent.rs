@@ -26,6 +26,7 @@ pub use super::captured_logs::CapturedLogs;
 use super::apiserver::{AllocatedDevice, ClaimBuilder, Identity, Options, TestApiServer};
 use super::kubelet;
 use super::layout::{paths_toml, toml_path};
+use super::systemd::FdStore;
 
 pub const DRIVER: &str = "gpu.edra.dev";
 pub const NODE: &str = "n1";
@@ -370,15 +371,17 @@ pub struct ChildAgent {
     pub fs: NodeFs,
     /// The child's stderr.
     pub log: PathBuf,
-    /// The child's `NOTIFY_SOCKET`, as systemd's: its first message says it serves.
-    _notify: tokio::net::UnixDatagram,
+    /// The child's `NOTIFY_SOCKET`, as systemd's: `READY=1` says it serves.
+    pub notify: tokio::net::UnixDatagram,
+    /// What the child stored in systemd's fd store (`FDSTORE=1`) until it was ready.
+    pub fd_store: FdStore,
 }
 
 impl ChildAgent {
     /// Spawns `edra --config <file> run` with `failpoints` in FAILPOINT_EDRA, waits until
     /// it serves the kubelet and registers. It is told where systemd's notification socket
-    /// is (`NOTIFY_SOCKET`); its first message there, a STATUS= line, comes once both
-    /// sockets are in place. Sockets a killed agent left behind stay: the new one must
+    /// is (`NOTIFY_SOCKET`); `READY=1` comes there once both sockets are in place, after
+    /// the sockets it stores in the fd store. Sockets a killed agent left behind stay: the new one must
     /// replace them.
     pub async fn start(cluster: &Cluster, failpoints: &str) -> ChildAgent {
         ChildAgent::start_with_env(cluster, failpoints, &[]).await
@@ -411,6 +414,32 @@ impl ChildAgent {
         failpoints: &str,
         env: &[(&str, &str)],
         wrapper: &[std::ffi::OsString],
+    ) -> ChildAgent {
+        let child = ChildAgent::spawn(cluster, config, (failpoints, env), wrapper, None).await;
+        register(&child.fs).await;
+        child
+    }
+
+    /// Spawns `edra run` and waits for `READY=1` only: nothing registers it.
+    pub async fn start_unregistered(cluster: &Cluster) -> ChildAgent {
+        ChildAgent::spawn(cluster, &cluster.config_file(NODE), ("", &[]), &[], None).await
+    }
+
+    /// [`ChildAgent::start`] as systemd starts a unit again: the sockets in `store` (what an
+    /// earlier child stored) handed to it as `LISTEN_FDS`.
+    pub async fn start_from_store(cluster: &Cluster, store: &FdStore) -> ChildAgent {
+        let wrapper = super::systemd::listen_pid_wrapper();
+        let child = ChildAgent::spawn(cluster, &cluster.config_file(NODE), ("", &[]), &wrapper, Some(store)).await;
+        register(&child.fs).await;
+        child
+    }
+
+    async fn spawn(
+        cluster: &Cluster,
+        config: &Path,
+        (failpoints, env): (&str, &[(&str, &str)]),
+        wrapper: &[std::ffi::OsString],
+        kept: Option<&FdStore>,
     ) -> ChildAgent {
         let fs = cluster.fs();
         let log = cluster.dir.path().join("edra-run.log");
@@ -448,22 +477,30 @@ impl ChildAgent {
         } else {
             cmd.env(edra::prepare::failpoint::ENV, failpoints);
         }
+        if let Some(store) = kept {
+            let (fds, names) = store.to_pass();
+            super::systemd::pass_fds(&mut cmd, fds, &names);
+        }
         let mut child = cmd.spawn().expect("spawn edra run");
-        let mut first = [0u8; 512];
-        tokio::select! {
-            got = notify.recv(&mut first) => {
-                let n = got.expect("read the notification socket");
-                let message = String::from_utf8_lossy(&first[..n]);
-                assert!(message.starts_with("STATUS="), "first notification: {message:?}");
+        let mut fd_store = FdStore::default();
+        let ready = async {
+            loop {
+                let note = super::systemd::recv(&notify).await.expect("read the notification socket");
+                if note.value("READY") == Some("1") {
+                    return;
+                }
+                fd_store.apply(note);
             }
+        };
+        tokio::select! {
+            () = ready => {}
             status = child.wait() => panic!(
                 "edra run exited with {status:?} before serving the kubelet; its stderr:\n{}",
                 std::fs::read_to_string(&log).unwrap_or_default()
             ),
             () = tokio::time::sleep(WAIT) => panic!("edra run did not serve the kubelet within {WAIT:?}"),
         }
-        register(&fs).await;
-        ChildAgent { child, fs, log, _notify: notify }
+        ChildAgent { child, fs, log, notify, fd_store }
     }
 
     /// What the child (and earlier agents of the same cluster) wrote to stderr so far.
@@ -476,9 +513,14 @@ impl ChildAgent {
         kubelet::dra_v1(&self.fs.dra_socket()).await
     }
 
-    /// Waits for the child to exit on its own; returns its status.
+    /// Waits for the child to exit on its own; returns its status. What it stored in the
+    /// fd store is dropped (as by a unit without `FileDescriptorStoreMax=`), so the next
+    /// child binds its sockets anew; take [`ChildAgent::fd_store`] first to pass it on.
     pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
-        tokio::time::timeout(WAIT, self.child.wait()).await.expect("edra exits").expect("wait for edra")
+        let status = tokio::time::timeout(WAIT, self.child.wait()).await.expect("edra exits").expect("wait for edra");
+        self.fd_store = FdStore::default();
+        super::systemd::drain(&self.notify);
+        status
     }
 
     /// SIGKILL, then reap.

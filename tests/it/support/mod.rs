@@ -14,3 +14,4 @@ pub mod mps;
 pub mod nvidia_smi;
 pub mod nvml;
 pub mod procfs;
+pub mod systemd;

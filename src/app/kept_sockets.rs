@@ -1,0 +1,98 @@
+//! The kubelet's sockets kept open across restarts in systemd's file descriptor store.
+//!
+//! At start, the listening sockets systemd hands back (`LISTEN_FDS`, see
+//! [`crate::util::fdstore`]) go to the plugin server, which serves them again when they are
+//! still edra's. Once serving, each listening socket is stored (`FDSTORE=1`) under a name
+//! that says its role and file, and what was handed back but not used is removed from the
+//! store. systemd then keeps the sockets listening while edra restarts, is upgraded, killed
+//! by the watchdog or with -9: the kubelet's calls in the gap wait in the backlog and are
+//! answered by the next process, and the socket files stay (the kubelet never sees its
+//! plugin go). Without systemd's notification socket nothing is stored and the sockets are
+//! removed at exit as before.
+
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::plugin::{PluginServer, RegistrationState};
+use crate::telemetry::sdnotify::Notifier;
+use crate::util::error_chain;
+use crate::util::fdstore::Inherited;
+
+/// The sockets systemd handed back to this process (none when it handed back none).
+pub(super) fn inherited() -> Arc<Mutex<Inherited>> {
+    let inherited = match Inherited::from_process() {
+        Ok(i) => i,
+        Err(e) => {
+            warn!(target: "edra::app", error = %e, "cannot take the sockets systemd handed back; binding them anew");
+            Inherited::default()
+        }
+    };
+    if !inherited.is_empty() {
+        debug!(target: "edra::app", "sockets handed back by systemd's fd store");
+    }
+    Arc::new(Mutex::new(inherited))
+}
+
+/// Stores `plugin`'s listening sockets in systemd's fd store and removes from it what was
+/// handed back but not used; from then on the socket files stay at exit. Returns a task
+/// that renames the stored registration socket once the kubelet registers edra, so the
+/// next process knows it is registered.
+pub(super) fn store(
+    notifier: Option<&Arc<Notifier>>,
+    plugin: &mut PluginServer,
+    inherited: &Mutex<Inherited>,
+    shutdown: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let notifier = notifier?;
+    for name in inherited.lock().unwrap_or_else(PoisonError::into_inner).drop_rest() {
+        info!(target: "edra::app", name, "closing a socket systemd kept that edra no longer serves");
+        let _ = notifier.remove_stored(&name);
+    }
+    let mut stored = 0;
+    let mut registration = None;
+    for (name, fd) in plugin.listening_sockets() {
+        match notifier.store_fd(&name, fd) {
+            Ok(()) => stored += 1,
+            Err(e) => warn!(target: "edra::app", name, error = %error_chain(&e),
+                "cannot keep a socket in systemd's fd store; a restart closes it (FileDescriptorStoreMax= in the unit?)"),
+        }
+        if name.starts_with("registration.") {
+            registration = fd.try_clone_to_owned().ok().map(|fd| (name, fd));
+        }
+    }
+    if stored == 0 {
+        return None;
+    }
+    plugin.keep_socket_files();
+    info!(target: "edra::app", stored, "the kubelet's sockets are kept open across restarts (systemd's fd store)");
+    let (name, fd) = registration?;
+    Some(tokio::spawn(store_registered(notifier.clone(), plugin.registration(), (name, fd), shutdown)))
+}
+
+/// Renames the stored registration socket `registration.<dev>.<ino>` to
+/// `registered.<dev>.<ino>` once the kubelet registers edra.
+async fn store_registered(
+    notifier: Arc<Notifier>,
+    mut registration: watch::Receiver<RegistrationState>,
+    (name, fd): (String, OwnedFd),
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use std::os::fd::AsFd;
+    let registered = tokio::select! {
+        r = registration.wait_for(RegistrationState::is_registered) => r.is_ok(),
+        () = crate::util::stopped(&mut shutdown) => false,
+    };
+    if !registered {
+        return;
+    }
+    let Some(rest) = name.strip_prefix("registration.") else { return };
+    // The same socket is stored once: the old name goes before the new one comes.
+    let renamed =
+        notifier.remove_stored(&name).and_then(|()| notifier.store_fd(&format!("registered.{rest}"), fd.as_fd()));
+    if let Err(e) = renamed {
+        warn!(target: "edra::app", error = %error_chain(&e), "cannot mark the stored registration socket as registered");
+    }
+}
