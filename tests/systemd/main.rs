@@ -25,6 +25,9 @@
 //!   same CDI IDs (retried for up to 30 s while the socket is not served, as the kubelet
 //!   retries);
 //! - `race <name> <seconds>`: `check` again and again for that long, racing a restart;
+//! - `loop <name>`: from now on the claim is prepared again every 20 ms, on a new
+//!   connection each time, until `loop-stop`, which reports how many calls were answered,
+//!   refused or closed (no retry), failed, and the longest;
 //! - `unprepare <name>`;
 //! - `gone`: waits until both sockets are removed;
 //! - `quit`.
@@ -62,6 +65,19 @@ struct Kubelet {
     prepared: HashMap<String, (v1::Claim, Vec<String>)>,
     /// Calls that found no socket or a closed one and were retried.
     retried: AtomicU32,
+    /// The running `loop`, if any.
+    looping: Option<(std::sync::Arc<LoopStats>, tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+}
+
+/// What a `loop` saw.
+#[derive(Default)]
+struct LoopStats {
+    answered: AtomicU32,
+    /// Refused or closed connections, and calls cut off.
+    dropped: AtomicU32,
+    failed: AtomicU32,
+    longest_ms: std::sync::atomic::AtomicU64,
+    first_error: std::sync::Mutex<Option<String>>,
 }
 
 #[tokio::main]
@@ -80,6 +96,7 @@ async fn main() {
         dra: kubelet.join(format!("plugins/{DRIVER}/dra.sock")),
         prepared: HashMap::new(),
         retried: AtomicU32::new(0),
+        looping: None,
     };
     println!("ready");
     // Commands from stdin, read on a thread of their own (tokio's stdin is not built in).
@@ -103,6 +120,8 @@ async fn main() {
                 Ok(s) => k.race(name, Duration::from_secs(s)).await,
                 Err(_) => Err(format!("not a number of seconds: {seconds}")),
             },
+            ["loop", name] => k.start_loop(name),
+            ["loop-stop"] => k.stop_loop().await,
             ["unprepare", name] => k.unprepare(name).await,
             ["gone"] => k.gone().await,
             ["quit"] => break,
@@ -239,27 +258,7 @@ impl Kubelet {
     }
 
     async fn call_once(&self, claim: &v1::Claim, prepare: bool) -> Result<Vec<String>, String> {
-        let channel = support::kubelet::channel(&self.dra).await.map_err(|e| format!("transport: {e}"))?;
-        let mut client = v1::dra_plugin_client::DraPluginClient::new(channel);
-        let claims = vec![claim.clone()];
-        let (error, ids) = if prepare {
-            let answer = client
-                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
-                .await
-                .map_err(|e| format!("transport: {e}"))?
-                .into_inner();
-            let r = answer.claims.get(&claim.uid).ok_or("no answer for the claim")?;
-            (r.error.clone(), r.devices.iter().flat_map(|d| d.cdi_device_ids.clone()).collect())
-        } else {
-            let answer = client
-                .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
-                .await
-                .map_err(|e| format!("transport: {e}"))?
-                .into_inner();
-            let r = answer.claims.get(&claim.uid).ok_or("no answer for the claim")?;
-            (r.error.clone(), Vec::new())
-        };
-        if error.is_empty() { Ok(ids) } else { Err(format!("edra answered: {error}")) }
+        call_at(&self.dra, claim, prepare).await
     }
 
     async fn prepare(&mut self, name: &str, kind: &str) -> Result<String, String> {
@@ -295,6 +294,55 @@ impl Kubelet {
         Ok(after.join(","))
     }
 
+    fn start_loop(&mut self, name: &str) -> Result<String, String> {
+        let (claim, before) = self.prepared.get(name).cloned().ok_or(format!("{name} was not prepared"))?;
+        let stats = std::sync::Arc::new(LoopStats::default());
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let (dra, counts) = (self.dra.clone(), stats.clone());
+        let task = tokio::spawn(async move {
+            while !*stopped.borrow() {
+                let start = Instant::now();
+                let answer = tokio::time::timeout(RETRY, call_at(&dra, &claim, true)).await;
+                let took = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+                counts.longest_ms.fetch_max(took, Ordering::Relaxed);
+                let error = match answer {
+                    Ok(Ok(ids)) if ids == before => None,
+                    Ok(Ok(ids)) => Some((&counts.failed, format!("CDI devices {ids:?}, before {before:?}"))),
+                    Ok(Err(e)) if e.starts_with("transport") => Some((&counts.dropped, e)),
+                    Ok(Err(e)) => Some((&counts.failed, e)),
+                    Err(_) => Some((&counts.dropped, format!("no answer in {RETRY:?}"))),
+                };
+                match error {
+                    None => counts.answered.fetch_add(1, Ordering::Relaxed),
+                    Some((count, e)) => {
+                        counts.first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                        count.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+        });
+        self.looping = Some((stats, stop, task));
+        Ok(format!("preparing {name} every 20 ms"))
+    }
+
+    async fn stop_loop(&mut self) -> Result<String, String> {
+        let (stats, stop, task) = self.looping.take().ok_or("no loop is running")?;
+        stop.send_replace(true);
+        task.await.map_err(|e| format!("the loop's task: {e}"))?;
+        let error = stats.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        Ok(format!(
+            "answered={} dropped={} failed={} longest_ms={} first_error={error:?}",
+            stats.answered.load(Ordering::Relaxed),
+            stats.dropped.load(Ordering::Relaxed),
+            stats.failed.load(Ordering::Relaxed),
+            stats.longest_ms.load(Ordering::Relaxed)
+        ))
+    }
+
     async fn unprepare(&mut self, name: &str) -> Result<String, String> {
         let (claim, _) = self.prepared.remove(name).ok_or(format!("{name} was not prepared"))?;
         self.call(&claim, false).await?;
@@ -305,4 +353,29 @@ impl Kubelet {
         wait("sockets removed", RETRY, || !self.registry.exists() && !self.dra.exists()).await?;
         Ok("sockets removed".into())
     }
+}
+
+/// One DRAPlugin v1 call on a new connection to the DRA socket `dra`; the CDI IDs.
+async fn call_at(dra: &Path, claim: &v1::Claim, prepare: bool) -> Result<Vec<String>, String> {
+    let channel = support::kubelet::channel(dra).await.map_err(|e| format!("transport: {e}"))?;
+    let mut client = v1::dra_plugin_client::DraPluginClient::new(channel);
+    let claims = vec![claim.clone()];
+    let (error, ids) = if prepare {
+        let answer = client
+            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+            .await
+            .map_err(|e| format!("transport: {e}"))?
+            .into_inner();
+        let r = answer.claims.get(&claim.uid).ok_or("no answer for the claim")?;
+        (r.error.clone(), r.devices.iter().flat_map(|d| d.cdi_device_ids.clone()).collect())
+    } else {
+        let answer = client
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
+            .await
+            .map_err(|e| format!("transport: {e}"))?
+            .into_inner();
+        let r = answer.claims.get(&claim.uid).ok_or("no answer for the claim")?;
+        (r.error.clone(), Vec::new())
+    };
+    if error.is_empty() { Ok(ids) } else { Err(format!("edra answered: {error}")) }
 }
