@@ -11,6 +11,7 @@ mod diskfull;
 mod exits;
 mod health;
 mod logs;
+mod memory_limit_sums;
 pub(crate) mod memory_limits;
 mod mig;
 mod mig_publishing;
