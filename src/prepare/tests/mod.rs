@@ -448,6 +448,7 @@ async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
 
 mod cancel;
 mod lazy;
+mod memory_limits;
 mod mig_instances;
 mod mps_claims;
 mod recovery;
