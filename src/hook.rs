@@ -228,8 +228,8 @@ struct BundleRoot {
 pub fn rootfs_from_state(state_json: &[u8]) -> Result<PathBuf, HookError> {
     let state: State = serde_json::from_slice(state_json).map_err(HookError::State)?;
     let config_path = state.bundle.join("config.json");
-    let text =
-        std::fs::read(&config_path).map_err(|source| HookError::BundleConfig { path: config_path.clone(), source })?;
+    let text = read_bundle_file(&config_path, memory_limit::MAX_CONFIG)
+        .map_err(|source| HookError::BundleConfig { path: config_path.clone(), source })?;
     let config: BundleConfig =
         serde_json::from_slice(&text).map_err(|source| HookError::BundleJson { path: config_path, source })?;
     let root = if config.root.path.is_absolute() { config.root.path } else { state.bundle.join(config.root.path) };
@@ -237,6 +237,40 @@ pub fn rootfs_from_state(state_json: &[u8]) -> Result<PathBuf, HookError> {
         return Err(HookError::Rootfs { path: root });
     }
     Ok(root)
+}
+
+/// The bytes of the bundle's file `path` (its `config.json`), at most `max`: opened without
+/// following a link and without blocking (`O_NONBLOCK`: the open of a FIFO would otherwise
+/// wait for a writer for ever, holding up the runtime), then refused at once unless it is a
+/// regular file; a larger file is an error, never truncated.
+pub fn read_bundle_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path);
+    let f = match opened {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(io::Error::other(
+                "it is a symbolic link; a bundle's config.json must be a regular file, which the runtime writes",
+            ));
+        }
+        Err(e) => return Err(e),
+    };
+    let kind = f.metadata()?.file_type();
+    if !kind.is_file() {
+        let found = if kind.is_dir() { "a directory" } else { "a FIFO, socket or device" };
+        return Err(io::Error::other(format!(
+            "it is {found}, not a regular file; a bundle's config.json must be a regular file, which the runtime \
+             writes"
+        )));
+    }
+    let mut text = Vec::new();
+    f.take(max.saturating_add(1)).read_to_end(&mut text)?;
+    if text.len() as u64 > max {
+        return Err(io::Error::other(format!("it is larger than {} MiB", max >> 20)));
+    }
+    Ok(text)
 }
 
 /// Checks the folders: absolute, no `..`, no newlines.

@@ -1,7 +1,8 @@
 //! `edra hook apply-memory-limit`: the `createContainer` hook each share's CDI device
 //! carries when `sharing.memory_limit` is enforced. It reads the OCI state from stdin (at
-//! most 1 MiB), the bundle's `config.json` (opened without following a symlink, at most
-//! [`MAX_CONFIG`]), turns `linux.cgroupsPath` into the container's cgroup
+//! most 1 MiB), the bundle's `config.json` (opened without following a symlink or blocking,
+//! refused unless a regular file, at most [`MAX_CONFIG`]: [`super::read_bundle_file`]),
+//! turns `linux.cgroupsPath` into the container's cgroup
 //! ([`crate::gpu::memory_limit::cgroup`]) and asks the agent to record and set the share's
 //! limit on it ([`crate::gpu::memory_limit::wire`]). The agent may be restarting: the
 //! connection is tried again for up to [`CONNECT_BUDGET`]. Any failure exits non-zero, so
@@ -10,7 +11,6 @@
 //! the agent could not be reached or refused.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -106,24 +106,11 @@ fn container(stdin: impl Read) -> Result<(String, String), LimitHookError> {
     let state: State = serde_json::from_slice(&state)
         .map_err(|e| input(format!("the container state on stdin is not OCI state JSON with a bundle: {e}")))?;
     let path = state.bundle.join("config.json");
-    let text = read_config(&path).map_err(|e| input(format!("cannot read {}: {e}", path.display())))?;
+    let text = super::read_bundle_file(&path, MAX_CONFIG)
+        .map_err(|e| input(format!("cannot read {}: {e}", path.display())))?;
     let config: Config = serde_json::from_slice(&text)
         .map_err(|e| input(format!("{} is not a valid OCI config: {e}", path.display())))?;
     Ok((state.id, config.linux.cgroups_path))
-}
-
-/// `path`'s bytes, opened without following a symlink, at most [`MAX_CONFIG`].
-fn read_config(path: &Path) -> io::Result<Vec<u8>> {
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(io::Error::other("not a regular file"));
-    }
-    let mut text = Vec::new();
-    f.take(MAX_CONFIG + 1).read_to_end(&mut text)?;
-    if text.len() as u64 > MAX_CONFIG {
-        return Err(io::Error::other(format!("larger than {} MiB", MAX_CONFIG >> 20)));
-    }
-    Ok(text)
 }
 
 /// Sends `req` to the agent at `socket` and reads its answer, reconnecting while the
@@ -160,3 +147,6 @@ fn ask(socket: &Path, req: &wire::Request) -> Result<wire::Answer, LimitHookErro
     }
     wire::decode(&line).map_err(|e| LimitHookError::Refused(format!("the agent's answer is not valid: {e}")))
 }
+
+#[cfg(test)]
+mod tests;

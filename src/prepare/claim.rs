@@ -171,7 +171,8 @@ impl Preparer {
     /// changes it needs.
     pub(super) fn plan_claim(&self, claim: &ClaimRef, fetched: &ResourceClaim) -> Result<Planned, PrepareError> {
         let inventory = self.inventory_view();
-        let devices = plan::plan(&self.inner.settings, claim, fetched, &inventory)?;
+        let held_shares = self.inner.shared_gpus.borrow().clone();
+        let devices = plan::plan(&self.inner.settings, claim, fetched, &inventory, &held_shares)?;
         let gpus = plan::timeslicing_gpus(&devices, &inventory);
         let mps_plan = match devices.iter().any(|d| d.mig.is_some()) {
             false => plan::mps_plan(&devices, &inventory)?,

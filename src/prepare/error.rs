@@ -236,6 +236,19 @@ pub enum AllocationError {
         /// The share ID as found.
         share_id: String,
     },
+    /// An allocation result carries a share ID for a device edra does not publish as shares.
+    #[error(
+        "device {device} is not offered as shares ({why}): an allocation with a share ID cannot be prepared; the \
+         ResourceSlice the scheduler used is not this node's (check it with edra doctor), so delete the pod so the \
+         claim is allocated again; to share the GPU, select it with [sharing] (mode = \"shares\", gpus) and restart \
+         edra"
+    )]
+    NotOfferedAsShares {
+        /// The device allocated.
+        device: String,
+        /// Why it is not offered as shares, naming the rule.
+        why: String,
+    },
     /// An allocation result's consumed memory cannot be used.
     #[error(
         "the allocation of device {device} says it consumes {found:?} of memory, which is not a size edra \

@@ -5,14 +5,23 @@
 //! The hook (`edra hook apply-memory-limit`, a `createContainer` hook) finds the
 //! container's cgroup and asks the agent over its memory-limit socket ([`server`]); the
 //! agent checks the claim holds that share, records the limit in the state, then sets soft
-//! = hard = the share's memory on the share's GPU for that cgroup through NVML. The state
-//! is the agent's alone (sled is held by one process), which is why the hook asks rather
-//! than sets. Every limit is recorded before it is set and forgotten only after it is
-//! cleared, so a crash at any step leaves a record that release or recovery finishes:
+//! = hard on the share's GPU for that cgroup through NVML. The state is the agent's alone
+//! (sled is held by one process), which is why the hook asks rather than sets.
 //!
-//! - recorded, maybe not set: recovery sets it again while the claim holds the share and the
-//!   cgroup is the one recorded; otherwise it clears and forgets it.
-//! - cleared, not yet forgotten: clearing again is harmless; then it is forgotten.
+//! NVML keeps one limit per (GPU, cgroup), while records are per share: a container given
+//! two shares of one GPU (of one claim or of two) has one limit, the sum of its shares
+//! there. Each (GPU, cgroup) has its own lock (`target_lock`), under which its limit is
+//! computed from its records and set, whichever claim's share is added or removed. A share
+//! added is recorded, then the sum set; a share removed lowers the limit to the sum of the
+//! shares left (clears it when none is), then its record is forgotten. So a crash at any
+//! step leaves records that release or recovery finishes:
+//!
+//! - recorded, maybe not set: recovery sets the sum of the shares still held there while
+//!   the cgroup is the one recorded; the others' records are forgotten, and the limit is
+//!   cleared when none is held.
+//! - lowered or cleared, not yet forgotten: recovery sets the sum of the shares still held
+//!   (the one going is still held while its unprepare is not done, and goes at the
+//!   kubelet's retry); setting or clearing again is harmless; then it is forgotten.
 //!
 //! A cgroup that is gone (or was made again: another inode) has no limit left to clear
 //! ("removing the cgroup also clears any limits", nvml.h). A limit is also cleared when
@@ -95,7 +104,8 @@ impl Preparer {
     }
 
     /// The agent's side of the hook's request (blocking): checks the claim holds the share,
-    /// records the limit, sets it. The answer says what was set, or why not.
+    /// records the limit, sets the sum of the shares recorded on that GPU and cgroup. The
+    /// answer says what was set (that sum), or why not.
     pub fn apply_memory_limit(&self, req: &wire::Request) -> wire::Answer {
         let Some(limits) = self.memory_limits().filter(|l| l.enforce) else {
             return wire::Answer::refused("this edra does not enforce GPU memory limits (sharing.memory_limit)");
@@ -104,7 +114,8 @@ impl Preparer {
         match self.record_and_set(limits, req) {
             Ok(rec) => {
                 tracing::info!(claim.uid = %rec.claim, device = %rec.device, gpu = %rec.gpu, cgroup = %rec.cgroup.display(),
-                    bytes = rec.bytes, container = %req.container, "GPU memory limit set on the container's cgroup");
+                    bytes = rec.bytes, container = %req.container,
+                    "GPU memory limit set on the container's cgroup (the sum of its shares of the GPU)");
                 wire::Answer {
                     ok: true,
                     error: String::new(),
@@ -123,9 +134,37 @@ impl Preparer {
     }
 
     fn record_and_set(&self, limits: &MemoryLimits, req: &wire::Request) -> Result<MemoryLimitRecord, PrepareError> {
-        let refuse = |why: String| PrepareError::from(LimitError::Unavailable(why));
+        let record = self.limit_record(limits, req)?;
         let store = &self.inner.store;
-        let rec = store.claim(&req.claim)?.ok_or_else(|| {
+        let _target = self.inner.locks.lock_blocking(&target_lock(&record));
+        // The shares already limited there, this one (an earlier record of it) left out.
+        let mut others = store.memory_limits_on(&record)?;
+        others.retain(|r| r.key() != record.key());
+        let total = sum(&others)?.checked_add(record.bytes).ok_or_else(|| too_much(&record))?;
+        store.put_memory_limit(&record)?;
+        failpoint::hit("memory-limit-after-record");
+        if let Err(e) = limits.control.set(&record.gpu, &record.cgroup, total, total) {
+            // NVML set nothing: the limit goes back to the other shares' (cleared without
+            // any, in case it was set after all), then the record goes.
+            let _ = match others.is_empty() {
+                true => limits.control.clear(&record.gpu, &record.cgroup),
+                false => sum(&others).map_or(Ok(()), |b| limits.control.set(&record.gpu, &record.cgroup, b, b)),
+            };
+            store.remove_memory_limit(&record)?;
+            return Err(e.into());
+        }
+        failpoint::hit("memory-limit-after-set");
+        if !self.watch_exit(limits, &record) {
+            let on = store.memory_limits_on(&record)?;
+            self.converge_locked(&record, &[], &on)?;
+            return Err(refuse(format!("the container's processes are gone from {}", record.cgroup.display())));
+        }
+        Ok(MemoryLimitRecord { bytes: total, ..record })
+    }
+
+    /// The record of the limit `req` asks for, once the claim is found to hold that share.
+    fn limit_record(&self, limits: &MemoryLimits, req: &wire::Request) -> Result<MemoryLimitRecord, PrepareError> {
+        let rec = self.inner.store.claim(&req.claim)?.ok_or_else(|| {
             refuse(format!("claim {} is not prepared on this node; the kubelet prepares it again", req.claim))
         })?;
         let share = rec
@@ -142,29 +181,16 @@ impl Preparer {
         let rel = crate::gpu::memory_limit::cgroup::relative_path(&format!("/{}", req.cgroup)).map_err(refuse)?;
         let cgroup = limits.cgroup_root.join(rel);
         let inode = cgroup_inode(&cgroup).map_err(refuse)?;
-        let record = MemoryLimitRecord {
+        Ok(MemoryLimitRecord {
             claim: req.claim.clone(),
             device: req.device.clone(),
+            share_id: req.share_id.clone(),
             gpu: uuid,
             cgroup,
             inode,
             boot_id: self.inner.boot_id.clone(),
             bytes: share.memory,
-        };
-        store.put_memory_limit(&record)?;
-        failpoint::hit("memory-limit-after-record");
-        if let Err(e) = limits.control.set(&record.gpu, &record.cgroup, record.bytes, record.bytes) {
-            // NVML set nothing: the record goes (clearing first, in case it did after all).
-            let _ = limits.control.clear(&record.gpu, &record.cgroup);
-            store.remove_memory_limit(&record)?;
-            return Err(e.into());
-        }
-        failpoint::hit("memory-limit-after-set");
-        if !self.watch_exit(limits, &record) {
-            self.clear_and_forget(&record)?;
-            return Err(refuse(format!("the container's processes are gone from {}", record.cgroup.display())));
-        }
-        Ok(record)
+        })
     }
 
     /// Watches `rec`'s cgroup for its container's exit; false when its processes are
@@ -180,51 +206,80 @@ impl Preparer {
     }
 
     /// Clears and forgets the limits whose containers have exited (their cgroup holds no
-    /// process, or is gone), each under its claim's lock (blocking).
+    /// process, or is gone) (blocking).
     pub fn remove_exited_memory_limits(&self) -> Result<(), PrepareError> {
-        for rec in self.inner.store.memory_limits()? {
-            if self.is_container_there(&rec) {
-                continue;
-            }
-            let _held = self.inner.locks.lock_blocking(&rec.claim);
-            // Unprepare may have removed it meanwhile.
-            if !self.inner.store.memory_limits_of(&rec.claim)?.contains(&rec) {
-                continue;
-            }
+        let mut gone = self.inner.store.memory_limits()?;
+        gone.retain(|rec| !self.is_container_there(rec));
+        for rec in gone.iter().filter(|r| self.is_same_cgroup(r)) {
             tracing::info!(claim.uid = %rec.claim, device = %rec.device, cgroup = %rec.cgroup.display(),
                 "the container's processes are gone; clearing its GPU memory limit before its cgroup goes");
-            self.clear_and_forget(&rec)?;
         }
-        Ok(())
+        self.remove_limits(&gone)
     }
 
     /// Clears and forgets every memory limit of claim `uid` (blocking; at release).
     pub(super) fn remove_memory_limits(&self, uid: &str) -> Result<(), PrepareError> {
-        for rec in self.inner.store.memory_limits_of(uid)? {
-            self.clear_and_forget(&rec)?;
+        self.remove_limits(&self.inner.store.memory_limits_of(uid)?)
+    }
+
+    /// Forgets the limits `gone`, each (GPU, cgroup) under its lock: the limit there is set
+    /// to the sum of the shares left on it, or cleared when none is, then their records go.
+    fn remove_limits(&self, gone: &[MemoryLimitRecord]) -> Result<(), PrepareError> {
+        let mut done: Vec<&MemoryLimitRecord> = Vec::new();
+        for target in gone {
+            if done.iter().any(|d| d.same_target(target)) {
+                continue;
+            }
+            done.push(target);
+            let _target = self.inner.locks.lock_blocking(&target_lock(target));
+            // Read again under the lock: unprepare or the exit watch may have removed some.
+            let (drop, keep): (Vec<_>, Vec<_>) =
+                self.inner.store.memory_limits_on(target)?.into_iter().partition(|r| gone.contains(r));
+            if !drop.is_empty() {
+                self.converge_locked(target, &keep, &drop)?;
+            }
         }
         Ok(())
     }
 
-    fn clear_and_forget(&self, rec: &MemoryLimitRecord) -> Result<(), PrepareError> {
-        if self.is_same_cgroup(rec) {
+    /// With `target`'s (GPU, cgroup) lock held: sets the limit there to the sum of `keep`
+    /// (cleared when empty), then forgets `drop`. Nothing is set on a cgroup that is gone
+    /// or was made again (its limits went with it).
+    fn converge_locked(
+        &self,
+        target: &MemoryLimitRecord,
+        keep: &[MemoryLimitRecord],
+        drop: &[MemoryLimitRecord],
+    ) -> Result<(), PrepareError> {
+        if self.is_same_cgroup(target) {
             let Some(limits) = self.memory_limits() else {
                 return Err(PrepareError::from(LimitError::Unavailable(format!(
                     "the GPU memory limit on {} cannot be cleared: NVML's memory-limit calls are not available to \
                      this edra",
-                    rec.cgroup.display()
+                    target.cgroup.display()
                 ))));
             };
-            match limits.control.clear(&rec.gpu, &rec.cgroup) {
+            let done = match keep {
+                [] => limits.control.clear(&target.gpu, &target.cgroup),
+                _ => {
+                    let total = sum(keep)?;
+                    limits.control.set(&target.gpu, &target.cgroup, total, total)
+                }
+            };
+            match done {
                 Ok(()) => {}
                 Err(e) if e.cgroup_gone() => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        failpoint::hit("memory-limit-after-clear");
-        self.inner.store.remove_memory_limit(rec)?;
-        tracing::info!(claim.uid = %rec.claim, device = %rec.device, gpu = %rec.gpu, cgroup = %rec.cgroup.display(),
-            "GPU memory limit removed");
+        if !drop.is_empty() {
+            failpoint::hit("memory-limit-after-clear");
+        }
+        for rec in drop {
+            self.inner.store.remove_memory_limit(rec)?;
+            tracing::info!(claim.uid = %rec.claim, device = %rec.device, gpu = %rec.gpu, cgroup = %rec.cgroup.display(),
+                left = keep.len(), "GPU memory limit removed");
+        }
         Ok(())
     }
 
@@ -239,39 +294,75 @@ impl Preparer {
         self.is_same_cgroup(rec) && populated(&rec.cgroup) != Some(false)
     }
 
-    /// At recovery: finishes or undoes every recorded limit. A limit of a share still
-    /// prepared, on its recorded cgroup which still holds processes, is set again (a crash
-    /// may have come between record and set) and watched; any other is cleared and
-    /// forgotten. Returns (set again, removed).
+    /// Whether claim `rec.claim` still holds the share `rec` limits.
+    fn holds_share(&self, rec: &MemoryLimitRecord) -> Result<bool, PrepareError> {
+        Ok(self.inner.store.claim(&rec.claim)?.is_some_and(|c| {
+            c.devices.iter().any(|d| {
+                d.device == rec.device
+                    && (rec.share_id.is_none() || d.share_id == rec.share_id)
+                    && d.share.as_ref().is_some_and(|s| s.memory == rec.bytes)
+            })
+        }))
+    }
+
+    /// At recovery: finishes or undoes every recorded limit, each (GPU, cgroup) under its
+    /// lock. The limits of shares still prepared, on their recorded cgroup which still holds
+    /// processes, are set again, their sum (a crash may have come between record and set,
+    /// or between lowering and forgetting), and watched; the others are forgotten, and the
+    /// limit cleared where none is left. Returns (set again, removed).
     pub(crate) fn recover_memory_limits(&self) -> Result<(usize, usize), PrepareError> {
         let (mut kept, mut removed) = (0, 0);
-        for rec in self.inner.store.memory_limits()? {
-            let _held = self.inner.locks.lock_blocking(&rec.claim);
-            let held = self.inner.store.claim(&rec.claim)?.is_some_and(|c| {
-                c.devices
-                    .iter()
-                    .any(|d| d.device == rec.device && d.share.as_ref().is_some_and(|s| s.memory == rec.bytes))
-            });
+        let all = self.inner.store.memory_limits()?;
+        for (i, target) in all.iter().enumerate() {
+            if all[..i].iter().any(|r| r.same_target(target)) {
+                continue;
+            }
+            let _target = self.inner.locks.lock_blocking(&target_lock(target));
             let limits = self.memory_limits();
-            if held
-                && self.is_container_there(&rec)
-                && let Some(l) = limits
-            {
-                l.control.set(&rec.gpu, &rec.cgroup, rec.bytes, rec.bytes)?;
+            let there = limits.is_some() && self.is_container_there(target);
+            let (mut keep, mut drop) = (Vec::new(), Vec::new());
+            for rec in self.inner.store.memory_limits_on(target)? {
+                match there && self.holds_share(&rec)? {
+                    true => keep.push(rec),
+                    false => drop.push(rec),
+                }
+            }
+            self.converge_locked(target, &keep, &drop)?;
+            if let (Some(l), false) = (limits, keep.is_empty()) {
                 // A container gone between the look and the watch is found by the watcher's
                 // first look, which comes after recovery.
-                self.watch_exit(l, &rec);
-                kept += 1;
-            } else {
-                self.clear_and_forget(&rec)?;
-                removed += 1;
+                self.watch_exit(l, target);
             }
+            (kept, removed) = (kept + keep.len(), removed + drop.len());
         }
         if kept + removed > 0 {
             tracing::info!(kept, removed, "GPU memory limits recovered: held shares' set again, the others removed");
         }
         Ok((kept, removed))
     }
+}
+
+/// The lock key of `rec`'s (GPU, cgroup), whose one NVML limit the shares there make
+/// together: what is set there and what is recorded change under it, whichever claim's.
+fn target_lock(rec: &MemoryLimitRecord) -> String {
+    format!("memory-limit\0{}\0{}", rec.gpu, rec.cgroup.display())
+}
+
+/// The sum of `recs`' bytes, checked.
+fn sum(recs: &[MemoryLimitRecord]) -> Result<u64, PrepareError> {
+    recs.iter().try_fold(0u64, |acc, r| acc.checked_add(r.bytes).ok_or_else(|| too_much(r)))
+}
+
+fn too_much(rec: &MemoryLimitRecord) -> PrepareError {
+    refuse(format!(
+        "the GPU memory limits of the shares on GPU {} for cgroup {} add up to more than 2^64 bytes",
+        rec.gpu,
+        rec.cgroup.display()
+    ))
+}
+
+fn refuse(why: String) -> PrepareError {
+    PrepareError::from(LimitError::Unavailable(why))
 }
 
 /// The inode of the cgroup directory `path`, refusing anything but a real directory

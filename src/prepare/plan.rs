@@ -1,6 +1,8 @@
 //! The pure part of preparing a claim: from a fetched ResourceClaim and the inventory to
 //! the device records to store, or the reason the claim cannot be prepared here.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 
 use super::PrepareError;
@@ -10,16 +12,20 @@ use super::{PrepareSettings, cdi};
 use crate::device_config::Interval;
 use crate::inventory::{DeviceKind, Inventory};
 use crate::plugin::handler::ClaimRef;
-use crate::sharing::{Enforcement, Resolved};
+use crate::sharing::{Enforcement, Offer, Resolved, SharingMode};
 use crate::state::{DeviceRecord, MigRecord, MigState, ShareRecord};
 
 /// Checks the claim is the one the kubelet means and allocated, takes the results of this
 /// driver on this node's pool, checks the devices exist, and resolves their configs.
+///
+/// `held_shares` names the GPUs with shares prepared: they stay published as shares (the
+/// publisher keeps their sharing) even when `[sharing]` no longer offers them so.
 pub fn plan(
     settings: &PrepareSettings,
     claim_ref: &ClaimRef,
     claim: &ResourceClaim,
     inventory: &Inventory,
+    held_shares: &BTreeSet<String>,
 ) -> Result<Vec<DeviceRecord>, PrepareError> {
     let results = allocated_results(settings, claim_ref, claim)?;
     check_unique(&results)?;
@@ -29,7 +35,11 @@ pub fn plan(
             .sharing
             .resolve(inventory, &r.device)
             .or_else(|| settings.mig.resolve(inventory, &r.device).map(|gpu| Resolved { gpu, replica: None }));
-        resolved.push(found.ok_or_else(|| unresolved(settings, inventory, &r.device))?);
+        let found = found.ok_or_else(|| unresolved(settings, inventory, &r.device))?;
+        if r.share_id.is_some() && !r.admin_access.unwrap_or(false) {
+            check_offered_as_shares(settings, &r.device, &found, held_shares)?;
+        }
+        resolved.push(found);
     }
     let requests: Vec<&str> = results.iter().map(|r| r.request.as_str()).collect();
     let configs = config::resolve(&settings.driver, claim, &requests).map_err(RequestError::Config)?;
@@ -140,6 +150,38 @@ fn check_device(
         .into());
     }
     Ok(())
+}
+
+/// Refuses a share of a device edra does not publish as shares (`device`, resolved as
+/// `found`): a MIG device, a replica, a GPU `[sharing]` offers whole or as replicas, unless
+/// shares of it are held, which keeps it published as shares until the last one is gone.
+fn check_offered_as_shares(
+    settings: &PrepareSettings,
+    device: &str,
+    found: &Resolved,
+    held_shares: &BTreeSet<String>,
+) -> Result<(), PrepareError> {
+    let (gpu, sharing) = (&found.gpu, &settings.sharing);
+    let why = if let Some(replica) = &found.replica {
+        format!("{} is a replica of {}, one claim's alone", replica.name, gpu.name)
+    } else if matches!(gpu.kind, DeviceKind::Mig(_) | DeviceKind::MigSlot(_)) {
+        "MIG devices are always exclusive".to_string()
+    } else if matches!(sharing.offer(gpu, true), Offer::Shares(_)) || held_shares.contains(&gpu.name) {
+        return Ok(());
+    } else if sharing.mode == SharingMode::Exclusive {
+        "sharing.mode is \"exclusive\": GPUs are published whole".to_string()
+    } else if !sharing.gpus.selects(gpu) {
+        format!("sharing.gpus does not select {}, so it is published whole", gpu.name)
+    } else if sharing.mode == SharingMode::Replicas {
+        format!("sharing.mode is \"replicas\": {} is published as {0}-replica-0 …, not as shares", gpu.name)
+    } else {
+        format!(
+            "{} has less memory than one sharing.memory_step ({}), so it is published whole",
+            gpu.name,
+            crate::util::quantity(sharing.memory_step)
+        )
+    };
+    Err(AllocationError::NotOfferedAsShares { device: device.to_string(), why }.into())
 }
 
 /// The MIG instance to create for a dynamic MIG device, as an intent.

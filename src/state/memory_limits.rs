@@ -1,8 +1,9 @@
 //! The GPU memory limits edra set on containers' cgroups (`sharing.memory_limit`), one
-//! record per (claim, share device, cgroup) in tree `memory_limits`, written durably
-//! before the limit is set and dropped durably after it is cleared, so recovery finds
-//! every limit that may be set. Records are JSON (a tree of their own: an edra without
-//! it ignores the tree).
+//! record per (claim, share, cgroup) in tree `memory_limits`, written durably before the
+//! limit is set and dropped durably after it is cleared, so recovery finds every limit that
+//! may be set. NVML keeps one limit per (GPU, cgroup): the records on one
+//! ([`MemoryLimitRecord::same_target`]) together make it, their sum. Records are JSON (a
+//! tree of their own: an edra without it ignores the tree).
 
 use std::path::PathBuf;
 
@@ -21,6 +22,10 @@ pub struct MemoryLimitRecord {
     pub claim: String,
     /// The share's device name in the claim.
     pub device: String,
+    /// The share's ID (a claim may hold several shares of one device); none in records
+    /// written before shares were told apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
     /// The GPU's UUID.
     pub gpu: String,
     /// The cgroup directory, as given to NVML.
@@ -35,15 +40,29 @@ pub struct MemoryLimitRecord {
 }
 
 impl MemoryLimitRecord {
-    /// The record's key: claim, device and cgroup, NUL-separated.
+    /// The record's key: claim, device, cgroup and share ID (when there is one),
+    /// NUL-separated (a record without a share ID keeps the key it was written with).
     pub fn key(&self) -> Vec<u8> {
-        let mut k = Vec::with_capacity(self.claim.len() + self.device.len() + 64);
+        let mut k = Vec::with_capacity(self.claim.len() + self.device.len() + 128);
         k.extend_from_slice(self.claim.as_bytes());
         k.push(0);
         k.extend_from_slice(self.device.as_bytes());
         k.push(0);
         k.extend_from_slice(self.cgroup.as_os_str().as_encoded_bytes());
+        if let Some(id) = &self.share_id {
+            k.push(0);
+            k.extend_from_slice(id.as_bytes());
+        }
         k
+    }
+
+    /// Whether `other` limits the same GPU on the same cgroup: same GPU, directory, inode
+    /// and boot. NVML keeps one limit there, which the two records share.
+    pub fn same_target(&self, other: &MemoryLimitRecord) -> bool {
+        self.gpu == other.gpu
+            && self.cgroup == other.cgroup
+            && self.inode == other.inode
+            && self.boot_id == other.boot_id
     }
 }
 
@@ -83,6 +102,14 @@ impl Store {
         let mut prefix = uid.as_bytes().to_vec();
         prefix.push(0);
         self.memory_limits_with_prefix(&prefix)
+    }
+
+    /// The memory limit records on `target`'s GPU and cgroup
+    /// ([`MemoryLimitRecord::same_target`]), in key order.
+    pub fn memory_limits_on(&self, target: &MemoryLimitRecord) -> Result<Vec<MemoryLimitRecord>, StateError> {
+        let mut all = self.memory_limits()?;
+        all.retain(|r| r.same_target(target));
+        Ok(all)
     }
 
     fn memory_limits_with_prefix(&self, prefix: &[u8]) -> Result<Vec<MemoryLimitRecord>, StateError> {

@@ -12,6 +12,7 @@ mod exits;
 mod health;
 mod kept_sockets;
 mod logs;
+mod memory_limit_sums;
 pub(crate) mod memory_limits;
 mod mig;
 mod mig_publishing;

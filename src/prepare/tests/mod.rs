@@ -158,9 +158,12 @@ impl Fixture {
                 quit_grace: std::time::Duration::from_secs(10),
                 library_dir: None,
             },
+            // gpu-0, gpu-1 and gpu-3 are published as shares where they have memory, and
+            // as replicas where the API server has no consumable capacity.
             sharing: crate::sharing::SharingSettings {
-                mode: crate::sharing::SharingMode::Replicas,
-                gpus: crate::sharing::GpuSelection::Listed(vec!["gpu-3".into()]),
+                mode: crate::sharing::SharingMode::Shares,
+                fallback: crate::sharing::Fallback::Replicas,
+                gpus: crate::sharing::GpuSelection::Listed(vec!["gpu-0".into(), "gpu-1".into(), "gpu-3".into()]),
                 replicas: 4,
                 ..crate::sharing::SharingSettings::default()
             },
@@ -445,6 +448,7 @@ async fn prepared_claims_keep_working_with_the_api_server_unreachable() {
 
 mod cancel;
 mod lazy;
+mod memory_limits;
 mod mig_instances;
 mod mps_claims;
 mod recovery;

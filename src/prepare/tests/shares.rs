@@ -134,7 +134,13 @@ async fn replicas_map_to_their_gpu_and_each_replica_has_one_holder() {
     assert!(err(&r, UID3).contains("device gpu-3-replica-1 is already prepared for claim ns/b"));
     assert!(err(&r, UID4).contains("device gpu-3 is already prepared for claim"), "{}", err(&r, UID4));
     assert_eq!(f.preparer.store().shares_of("gpu-3").unwrap().iter().map(|s| s.memory).sum::<u64>(), 40 * GI);
-    // Replicas of a GPU the settings do not replicate do not exist.
+    // Replicas beyond sharing.replicas, or of a GPU the settings do not share, do not exist.
+    f.claims.put(claim(UID3, "c", &[("gpu", DRIVER, NODE, "gpu-1-replica-4", false)], json!([])));
+    assert!(
+        err(&f.preparer.prepare(vec![cref(UID3, "c")]).await, UID3)
+            .contains("device gpu-1-replica-4 is not on this node")
+    );
+    let f = f.restart_with(|s| s.sharing.gpus = crate::sharing::GpuSelection::Listed(vec!["gpu-3".into()]));
     f.claims.put(claim(UID3, "c", &[("gpu", DRIVER, NODE, "gpu-1-replica-0", false)], json!([])));
     assert!(
         err(&f.preparer.prepare(vec![cref(UID3, "c")]).await, UID3)
@@ -314,4 +320,58 @@ async fn a_device_or_share_allocated_twice_is_refused_in_one_claim_and_across_cl
     assert!(e.contains(&format!("share {SHARE1} of device gpu-0 is already prepared for claim ns/first")), "{e}");
     let held: Vec<_> = f.preparer.store().shares_of("gpu-0").unwrap().into_iter().map(|s| s.claim).collect();
     assert_eq!(held, [UID1]);
+}
+
+#[tokio::test]
+async fn a_share_of_a_device_not_offered_as_shares_is_refused_naming_the_device_and_the_rule() {
+    let f = fixture();
+    let mut inv = (**f.inventory_tx.borrow()).clone();
+    let mut mig = inv.devices[0].clone();
+    mig.name = "gpu-0-mig-1g.18gb-0".into();
+    mig.uuid = "MIG-00000000-aaaa-bbbb-cccc-000000000001".into();
+    mig.kind = crate::inventory::DeviceKind::Mig(crate::inventory::MigInfo {
+        parent_uuid: inv.devices[0].uuid.clone(),
+        parent_minor: 0,
+        parent_index: 0,
+        gi: 1,
+        ci: 0,
+        profile: "1g.18gb".into(),
+    });
+    mig.capacity.insert("memory".into(), 18 * GI);
+    inv.devices.push(mig);
+    f.inventory_tx.send_replace(Arc::new(inv));
+    // gpu-1 is shared no more; gpu-0 keeps its share of claim a while it is held.
+    f.claims.put(shared_claim(UID1, "a", &[("gpu", "gpu-0", SHARE1, "10Gi")], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID1, "a")]).await, UID1);
+    let f = f.restart_with(|s| s.sharing.gpus = crate::sharing::GpuSelection::Listed(vec!["gpu-3".into()]));
+    f.claims.put(shared_claim(UID2, "mig", &[("gpu", "gpu-0-mig-1g.18gb-0", SHARE2, "10Gi")], json!([])));
+    f.claims.put(shared_claim(UID3, "off", &[("gpu", "gpu-1", SHARE3, "10Gi")], json!([])));
+    f.claims.put(shared_claim(UID4, "replica", &[("gpu", "gpu-3-replica-1", SHARE2, "20Gi")], json!([])));
+    let refs = vec![cref(UID2, "mig"), cref(UID3, "off"), cref(UID4, "replica")];
+    let r = f.preparer.prepare(refs).await;
+    let e = err(&r, UID2);
+    assert!(
+        e.contains(
+            "device gpu-0-mig-1g.18gb-0 is not offered as shares (MIG devices are always exclusive): an allocation \
+             with a share ID cannot be prepared"
+        ),
+        "{e}"
+    );
+    let e = err(&r, UID3);
+    assert!(e.contains("device gpu-1 is not offered as shares (sharing.gpus does not select gpu-1"), "{e}");
+    assert!(e.contains("select it with [sharing] (mode = \"shares\", gpus) and restart edra"), "{e}");
+    let e = err(&r, UID4);
+    assert!(e.contains("device gpu-3-replica-1 is not offered as shares (gpu-3-replica-1 is a replica"), "{e}");
+    for uid in [UID2, UID3, UID4] {
+        assert!(f.preparer.store().claim(uid).unwrap().is_none());
+    }
+    assert!(f.preparer.store().shares_of("gpu-1").unwrap().is_empty());
+    // gpu-0 still has a share prepared: it stays published as shares, so a new one is prepared.
+    f.claims.put(shared_claim(UID3, "b", &[("gpu", "gpu-0", SHARE3, "10Gi")], json!([])));
+    ok(&f.preparer.prepare(vec![cref(UID3, "b")]).await, UID3);
+    // With sharing off altogether, the rule named is the mode.
+    let f = f.restart_with(|s| s.sharing.mode = crate::sharing::SharingMode::Exclusive);
+    f.claims.put(shared_claim(UID4, "off", &[("gpu", "gpu-1", SHARE2, "10Gi")], json!([])));
+    let e = err(&f.preparer.prepare(vec![cref(UID4, "off")]).await, UID4);
+    assert!(e.contains("device gpu-1 is not offered as shares (sharing.mode is \"exclusive\""), "{e}");
 }

@@ -16,11 +16,12 @@ use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
 use crate::support::nvml::StubNvml;
 
 pub(crate) const SHARE: u64 = 30 << 30;
-const CGROUPS_PATH: &str = "kubepods-besteffort-pod1.slice:cri-containerd:abc";
-const SCOPE: &str = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope";
+pub(crate) const CGROUPS_PATH: &str = "kubepods-besteffort-pod1.slice:cri-containerd:abc";
+pub(crate) const SCOPE: &str =
+    "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope";
 
 /// The stand-in (see [`stub`]) and the node's cgroup v2 tree with the container's scope.
-fn node(cluster: &Cluster, variant: Option<&str>) -> (Stub, PathBuf) {
+pub(crate) fn node(cluster: &Cluster, variant: Option<&str>) -> (Stub, PathBuf) {
     let stub = stub(cluster, variant);
     let root = cluster.fs().root.join("sys/fs/cgroup");
     std::fs::create_dir_all(root.join(SCOPE)).unwrap();
@@ -98,7 +99,7 @@ pub(crate) fn limit_hook(spec: &Value) -> Option<Vec<String>> {
 }
 
 /// Runs the hook as a runtime would, for a container whose config.json has `cgroups_path`.
-fn run_hook(args: &[String], bundle: &Path, cgroups_path: &str) -> std::process::Output {
+pub(crate) fn run_hook(args: &[String], bundle: &Path, cgroups_path: &str) -> std::process::Output {
     std::fs::create_dir_all(bundle).unwrap();
     let config = json!({"ociVersion": "1.2.0", "root": {"path": "rootfs"}, "linux": {"cgroupsPath": cgroups_path}});
     std::fs::write(bundle.join("config.json"), config.to_string()).unwrap();
@@ -114,7 +115,7 @@ fn run_hook(args: &[String], bundle: &Path, cgroups_path: &str) -> std::process:
     child.wait_with_output().unwrap()
 }
 
-fn spec_of(cluster: &Cluster, uid: &str) -> Value {
+pub(crate) fn spec_of(cluster: &Cluster, uid: &str) -> Value {
     serde_json::from_slice(&std::fs::read(cluster.fs().spec_file(uid)).expect("the claim's spec")).unwrap()
 }
 
