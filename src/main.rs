@@ -60,6 +60,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(edra::app::AppError::Config(msg)) => config_failure(vec![msg]),
+        Err(edra::app::AppError::Problems(problems)) => config_failure(problems),
         Err(e) => {
             print_error(&[format!("edra: {}", edra::util::error_chain(&e))]);
             ExitCode::FAILURE

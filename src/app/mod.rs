@@ -43,6 +43,9 @@ pub enum AppError {
     /// Configuration that only shows itself as wrong at start (e.g. a malformed kubeconfig).
     #[error("{0}")]
     Config(String),
+    /// Several problems found at start, each on its own (e.g. credentials and the GPUs).
+    #[error("{}", .0.join("; "))]
+    Problems(Vec<String>),
     /// Anything else.
     #[error(transparent)]
     Other(#[from] anyhow::Error),
@@ -132,7 +135,7 @@ pub async fn run_signalling(
     mut shutdown: watch::Receiver<bool>,
     ready: Option<oneshot::Sender<Serving>>,
 ) -> Result<(), AppError> {
-    let client = client_from_config(&config)?;
+    let client = client_from_config(&config).map_err(|e| with_backend_problem(&config, e))?;
     info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::util::VERSION);
     let _instance = lock_node(&config)?;
     let metrics_listener = bind_metrics(&config)?;
@@ -541,6 +544,16 @@ fn client_from_config(config: &Config) -> Result<Client, AppError> {
     Client::from_config(config).map_err(|e| {
         if is_credential_problem(&e) { AppError::Config(error_chain(&e)) } else { anyhow::Error::new(e).into() }
     })
+}
+
+/// `e` (credentials edra cannot use) and, when the device backend cannot start either,
+/// its problem too: both are reported at once rather than one per start.
+fn with_backend_problem(config: &Config, e: AppError) -> AppError {
+    let AppError::Config(credentials) = e else { return e };
+    match inventory::backend_from_config(config) {
+        Ok(_) => AppError::Config(credentials),
+        Err(b) => AppError::Problems(vec![credentials, format!("devices: {}", error_chain(&b))]),
+    }
 }
 
 /// Opens the state database and recovers it (rolls back unfinished prepares, rewrites

@@ -38,6 +38,15 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// The name the configuration gives it: `auto`, `nvml` or `mock`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Nvml => "nvml",
+            Self::Mock => "mock",
+        }
+    }
+
     fn parse(raw: &Raw) -> Result<Self, String> {
         match string(raw)?.as_str() {
             "auto" => Ok(Self::Auto),
@@ -202,6 +211,9 @@ pub struct Config {
     pub driver_name: String,
     /// Which backend discovers devices.
     pub backend: BackendKind,
+    /// Where `backend` came from, for messages: `the default`, a file and line, an
+    /// environment variable or a flag.
+    pub backend_origin: String,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter: a level, or `target=level` entries separated by commas (e.g. `info` or

@@ -27,6 +27,7 @@ impl Config {
             validate_driver_name(&s).map(|_| s)
         });
         let backend = r.get("backend", BackendKind::Auto, BackendKind::parse);
+        let backend_origin = r.origin_of("backend").map_or_else(|| "the default".to_string(), |o| o.to_string());
         let (log_format, log_level) = read_log(r);
 
         let kube = read_kube(r);
@@ -59,6 +60,7 @@ impl Config {
             node_name,
             driver_name,
             backend,
+            backend_origin,
             log_format,
             log_level,
             kube,

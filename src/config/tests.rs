@@ -170,7 +170,15 @@ fn documented_example_is_valid_and_shows_the_defaults() {
     let from_example = Config::load(&ctx(Some(example.clone()), &[])).unwrap();
     let defaults = Config::load(&ctx(None, &[])).unwrap();
     assert_eq!(from_example.file.as_deref(), Some(example.as_path()));
-    assert_eq!(Config { file: None, ..from_example }, defaults);
+    // Where `backend` came from is the one difference a file setting the default makes.
+    assert!(
+        from_example.backend_origin.starts_with(&format!("{}:", example.display())),
+        "{}",
+        from_example.backend_origin
+    );
+    assert_eq!(defaults.backend_origin, "the default");
+    let origin = defaults.backend_origin.clone();
+    assert_eq!(Config { file: None, backend_origin: origin, ..from_example }, defaults);
 }
 
 #[test]

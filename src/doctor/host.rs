@@ -282,15 +282,32 @@ fn is_socket(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket())
 }
 
-/// Check 9: edra's DRA and registration sockets are in place (when the agent runs).
-pub fn registration(cfg: &Config) -> CheckResult {
+/// Check 9: edra's DRA and registration sockets are in place (when the agent runs), and
+/// the kubelet registered them: `registered` is what the running agent says (its status
+/// socket), `None` when it did not answer.
+pub fn registration(cfg: &Config, registered: Option<bool>) -> CheckResult {
     const NAME: &str = "registration";
     let dra = cfg.paths.dra_socket(&cfg.driver_name);
     let reg = cfg.paths.registration_socket(&cfg.driver_name);
     match (is_socket(&dra), is_socket(&reg)) {
+        (true, true) if registered == Some(false) => CheckResult::new(
+            NAME,
+            Status::Warn,
+            format!("sockets in place, not registered by the kubelet (edra serves {})", reg.display()),
+            format!(
+                "is the kubelet running, with its plugin registry at {}? (its --root-dir; kubelet.root_dir or \
+                 kubelet.registry_dir in edra's config); the kubelet registers a new socket there within seconds",
+                cfg.paths.registry_dir.display()
+            ),
+        ),
         (true, true) => CheckResult::pass(
             NAME,
-            format!("DRA socket {} and registration socket {} are in place", dra.display(), reg.display()),
+            format!(
+                "DRA socket {} and registration socket {} are in place{}",
+                dra.display(),
+                reg.display(),
+                if registered == Some(true) { ", registered by the kubelet" } else { "" }
+            ),
         ),
         (false, false) => CheckResult::new(
             NAME,

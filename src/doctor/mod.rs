@@ -135,12 +135,20 @@ pub async fn run(cfg: &Config) -> Report {
     checks.extend(cluster::checks(cfg).await);
     let specs = host::edra_spec_uids(&cfg.paths.cdi_dynamic_dir, &cfg.driver_name);
     checks.push(state::state_dir(&cfg.paths.state_dir, &cfg.paths.proc_root, &specs));
-    checks.push(host::registration(cfg));
+    checks.push(host::registration(cfg, agent_registered(&cfg.paths.runtime_dir).await));
     checks.push(metrics_port::check(cfg.metrics.address, &cfg.paths.proc_root));
     checks.push(mps::check(cfg));
     checks.push(memory_limit::check(cfg));
     checks.push(gpu_health::check(cfg, discovered.as_ref().map(|d| &d.inventory)));
     Report { checks }
+}
+
+/// Whether the running agent says the kubelet registered it (its status socket, asked for
+/// up to 2 s); `None` when no agent answers.
+async fn agent_registered(runtime_dir: &std::path::Path) -> Option<bool> {
+    let socket = crate::status::server::socket_path(runtime_dir);
+    let asked = tokio::time::timeout(std::time::Duration::from_secs(2), crate::status::client::fetch(&socket));
+    asked.await.ok()?.ok().map(|s| s.kubelet_registered)
 }
 
 /// Runs every check on a new single-threaded runtime.

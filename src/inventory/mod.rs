@@ -209,9 +209,11 @@ pub trait DeviceBackend: crate::gpu::ComputeModes + Send + Sync {
 /// Why devices could not be discovered.
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
-    /// `--backend auto` found no usable NVML; edra never falls back to the mock silently.
-    #[error("--backend auto found no usable NVML and does not fall back to the mock backend: {reason}")]
+    /// `backend = "auto"` found no usable NVML; edra never falls back to the mock silently.
+    #[error("backend = \"auto\" ({origin}) found no usable NVML and does not fall back to the mock backend: {reason}")]
     NoBackend {
+        /// Where `backend = "auto"` came from (the default, a file and line, a flag).
+        origin: String,
         /// The NVML failure with its causes, on one line.
         reason: String,
         /// The NVML failure itself (not a `source`: `reason` already carries its text).
@@ -267,7 +269,11 @@ pub fn backend_from_config(cfg: &Config) -> Result<Box<dyn DeviceBackend>, Inven
         BackendKind::Nvml => Ok(Box::new(nvml::NvmlBackend::load(cfg)?)),
         BackendKind::Auto => match nvml::NvmlBackend::load(cfg) {
             Ok(b) => Ok(Box::new(b)),
-            Err(e) => Err(InventoryError::NoBackend { reason: crate::util::error_chain(&e), cause: Box::new(e) }),
+            Err(e) => Err(InventoryError::NoBackend {
+                origin: cfg.backend_origin.clone(),
+                reason: crate::util::error_chain(&e),
+                cause: Box::new(e),
+            }),
         },
     }
 }

@@ -207,7 +207,8 @@ pub fn run_blocking(config: &Config, options: &Options) -> Result<Report, Selfte
     let mut report = Report {
         schema: SCHEMA,
         version: crate::VERSION,
-        backend: String::new(),
+        // The configured kind until a backend loads and names itself.
+        backend: config.backend.name().to_string(),
         node: config.node_name.clone(),
         gpus: Vec::new(),
         checks: Vec::new(),

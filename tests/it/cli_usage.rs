@@ -112,6 +112,30 @@ fn under_the_journal_an_invalid_configuration_is_written_at_error_priority() {
 }
 
 #[test]
+fn missing_credentials_and_gpus_that_cannot_be_reached_are_both_reported_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let absent = |name: &str| dir.path().join(name).display().to_string();
+    let sets = [
+        format!("kubernetes.k3s_kubelet_kubeconfig={}", absent("kubelet.kubeconfig")),
+        format!("kubernetes.k3s_server_kubeconfig={}", absent("k3s.yaml")),
+        format!("kubernetes.service_account_dir={}", absent("sa")),
+        format!("paths.state_dir={}", absent("state")),
+        format!("nvml.library={}", absent("libnvidia-ml.so.1")),
+    ];
+    let mut args: Vec<&str> = sets.iter().flat_map(|s| ["--set", s.as_str()]).collect();
+    args.extend(["run", "--node-name", "n1"]);
+    let out = edra(dir.path(), &[], &args);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    let text = stderr(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "edra: invalid configuration (2 problems):", "{text}");
+    assert_eq!(lines[1], "  - no usable Kubernetes credentials; tried, in order:", "{text}");
+    let devices = lines.iter().find(|l| l.starts_with("  - devices: ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(devices.contains("backend = \"auto\" (the default) found no usable NVML"), "{text}");
+    assert!(devices.contains(&absent("libnvidia-ml.so.1")), "{text}");
+}
+
+#[test]
 fn missing_credentials_are_one_problem_with_the_sources_indented_under_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let absent = |name: &str| dir.path().join(name).display().to_string();

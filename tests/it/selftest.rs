@@ -349,3 +349,15 @@ fn a_container_runs_with_the_claims_devices() {
         d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().contains("5e1f7e57-0000-4000-8000")))
     }));
 }
+
+#[test]
+fn a_backend_that_does_not_load_is_named_in_the_header_and_the_failed_check() {
+    let node = Node::new("", "");
+    let (code, report, _) = node.selftest(&["--set", "nvml.library=/nowhere/libnvidia-ml.so.1"]);
+    assert_ne!(code, 0, "{report:#}");
+    // The configured kind, before any backend could name itself.
+    assert_eq!(report["backend"], "nvml", "{report:#}");
+    assert_eq!(status(&report, "backend"), "fail");
+    let detail = check(&report, "backend")["detail"].as_str().unwrap_or_default().to_string();
+    assert!(detail.contains("/nowhere/libnvidia-ml.so.1"), "{detail}");
+}

@@ -143,17 +143,24 @@ fn cdi_dynamic_dir_may_be_created_and_missing_spec_dirs_warn() {
 fn registration_sockets() {
     let d = tempfile::tempdir().unwrap();
     let cfg = test_config(d.path(), &[]);
-    assert_eq!(registration(&cfg).status, Status::Warn);
+    assert_eq!(registration(&cfg, None).status, Status::Warn);
     let dra = cfg.paths.dra_socket(&cfg.driver_name);
     std::fs::create_dir_all(dra.parent().unwrap()).unwrap();
     let _dra = UnixListener::bind(&dra).unwrap();
-    let r = registration(&cfg);
+    let r = registration(&cfg, None);
     assert_eq!(r.status, Status::Warn);
     assert!(r.detail.contains("dra.sock exists but"), "{}", r.detail);
     let reg = cfg.paths.registration_socket(&cfg.driver_name);
     std::fs::create_dir_all(reg.parent().unwrap()).unwrap();
     let _reg = UnixListener::bind(&reg).unwrap();
-    assert_eq!(registration(&cfg).status, Status::Pass);
+    assert_eq!(registration(&cfg, None).status, Status::Pass);
+    let r = registration(&cfg, Some(true));
+    assert_eq!(r.status, Status::Pass);
+    assert!(r.detail.ends_with("are in place, registered by the kubelet"), "{}", r.detail);
+    let r = registration(&cfg, Some(false));
+    assert_eq!(r.status, Status::Warn);
+    assert!(r.detail.starts_with("sockets in place, not registered by the kubelet"), "{}", r.detail);
+    assert!(r.fix.contains("is the kubelet running"), "{}", r.fix);
 }
 
 #[test]
