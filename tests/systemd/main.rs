@@ -27,7 +27,9 @@
 //! - `race <name> <seconds>`: `check` again and again for that long, racing a restart;
 //! - `loop <name>`: from now on the claim is prepared again every 20 ms, on a new
 //!   connection each time, until `loop-stop`, which reports how many calls were answered,
-//!   refused or closed (no retry), failed, and the longest;
+//!   refused (no socket listening), cut off (a connection closed under the call: a kill
+//!   of the process serving it), failed (edra answered an error, or other CDI devices),
+//!   and the longest;
 //! - `unprepare <name>`;
 //! - `gone`: waits until both sockets are removed;
 //! - `quit`.
@@ -73,8 +75,10 @@ struct Kubelet {
 #[derive(Default)]
 struct LoopStats {
     answered: AtomicU32,
-    /// Refused or closed connections, and calls cut off.
-    dropped: AtomicU32,
+    /// Connections refused: no socket listening.
+    refused: AtomicU32,
+    /// Calls whose connection closed under them, or that got no answer in time.
+    cut: AtomicU32,
     failed: AtomicU32,
     longest_ms: std::sync::atomic::AtomicU64,
     first_error: std::sync::Mutex<Option<String>>,
@@ -308,9 +312,10 @@ impl Kubelet {
                 let error = match answer {
                     Ok(Ok(ids)) if ids == before => None,
                     Ok(Ok(ids)) => Some((&counts.failed, format!("CDI devices {ids:?}, before {before:?}"))),
-                    Ok(Err(e)) if e.starts_with("transport") => Some((&counts.dropped, e)),
+                    Ok(Err(e)) if e.starts_with("transport") && is_refused(&e) => Some((&counts.refused, e)),
+                    Ok(Err(e)) if e.starts_with("transport") => Some((&counts.cut, e)),
                     Ok(Err(e)) => Some((&counts.failed, e)),
-                    Err(_) => Some((&counts.dropped, format!("no answer in {RETRY:?}"))),
+                    Err(_) => Some((&counts.cut, format!("no answer in {RETRY:?}"))),
                 };
                 match error {
                     None => counts.answered.fetch_add(1, Ordering::Relaxed),
@@ -335,9 +340,10 @@ impl Kubelet {
         task.await.map_err(|e| format!("the loop's task: {e}"))?;
         let error = stats.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
         Ok(format!(
-            "answered={} dropped={} failed={} longest_ms={} first_error={error:?}",
+            "answered={} refused={} cut={} failed={} longest_ms={} first_error={error:?}",
             stats.answered.load(Ordering::Relaxed),
-            stats.dropped.load(Ordering::Relaxed),
+            stats.refused.load(Ordering::Relaxed),
+            stats.cut.load(Ordering::Relaxed),
             stats.failed.load(Ordering::Relaxed),
             stats.longest_ms.load(Ordering::Relaxed)
         ))
@@ -353,6 +359,11 @@ impl Kubelet {
         wait("sockets removed", RETRY, || !self.registry.exists() && !self.dra.exists()).await?;
         Ok("sockets removed".into())
     }
+}
+
+/// Whether a transport error says no socket listened (refused, or no socket file).
+fn is_refused(error: &str) -> bool {
+    error.contains("Connection refused") || error.contains("No such file")
 }
 
 /// One DRAPlugin v1 call on a new connection to the DRA socket `dra`; the CDI IDs.
