@@ -331,8 +331,11 @@ where
     let BoundSocket { path, listener, file } = bound;
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let connections = Arc::new(Connections::default());
-    let incoming = socket::incoming(listener, path.clone(), Arc::clone(&connections)).boxed();
-    let stop = stop_rx.map(|_| ()).boxed();
+    // The stop ends the stream of connections (after connections accepted just before it have
+    // sent their first call), and the end of that stream stops the server gracefully: a
+    // signal to the server itself would close connections still in their handshake at once.
+    let incoming = socket::incoming(listener, path.clone(), Arc::clone(&connections), stop_rx).boxed();
+    let stop = futures_util::future::pending().boxed();
     let task = tokio::spawn(async move {
         if let Err(e) = run(incoming, stop).await {
             tracing::error!(socket = name, error = %e, "serving the plugin socket failed");

@@ -29,6 +29,9 @@ use super::authority::AuthorityFix;
 const MAX_SOCKET_PATH: usize = 107;
 /// Pause after a failed accept (e.g. out of file descriptors) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long after the stop a socket's last accepted connections have to send their first
+/// call before the server stops ([`incoming`]).
+pub(crate) const STOP_SETTLE: Duration = Duration::from_millis(100);
 
 /// A bound listening socket and the identity of its file.
 #[derive(Debug)]
@@ -344,14 +347,31 @@ impl Connections {
     }
 }
 
-/// The accepted connections of `listener`, each wrapped and tracked in `connections`.
+/// The accepted connections of `listener`, each wrapped and tracked in `connections`, until
+/// `stop` fires (or its sender goes): then nothing more is accepted (the next caller waits
+/// in the backlog, for the next process where the socket outlives this one), and the
+/// stream ends [`STOP_SETTLE`] later, so a connection accepted just before has sent its
+/// first call before the server stops gracefully (which lets calls finish, but closes a
+/// connection still in its handshake).
 pub(crate) fn incoming(
     listener: UnixListener,
     path: PathBuf,
     connections: Arc<Connections>,
+    stop: tokio::sync::oneshot::Receiver<()>,
 ) -> impl Stream<Item = io::Result<PluginStream>> {
-    futures_util::stream::unfold((listener, path, connections), |(listener, path, connections)| async move {
-        let next = match listener.accept().await.and_then(|(stream, _)| connections.track(stream)) {
+    let state = (listener, path, connections, stop);
+    futures_util::stream::unfold(state, |(listener, path, connections, mut stop)| async move {
+        let accepted = tokio::select! {
+            biased;
+            _ = &mut stop => None,
+            accepted = listener.accept() => Some(accepted),
+        };
+        let Some(accepted) = accepted else {
+            drop(listener);
+            tokio::time::sleep(STOP_SETTLE).await;
+            return None;
+        };
+        let next = match accepted.and_then(|(stream, _)| connections.track(stream)) {
             Ok(stream) => Ok(stream),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "accepting a connection failed");
@@ -359,7 +379,7 @@ pub(crate) fn incoming(
                 Err(e)
             }
         };
-        Some((next, (listener, path, connections)))
+        Some((next, (listener, path, connections, stop)))
     })
 }
 

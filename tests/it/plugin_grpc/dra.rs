@@ -208,3 +208,35 @@ async fn a_malformed_request_is_invalid_argument_and_reaches_no_handler() {
     drop(raw);
     server.shutdown(GRACE).await;
 }
+
+/// A connection the server accepted just before it stopped, still in its HTTP/2 handshake
+/// (the kubelet's preface not read yet), gets its call answered: the server stops accepting
+/// first and stops the connections gracefully only once they have sent their first call.
+#[tokio::test]
+async fn a_call_on_a_connection_accepted_just_before_shutdown_is_answered() {
+    use prost::Message;
+    let dirs = Dirs::new();
+    let handler = TestHandler::new();
+    let server = dirs.start(handler.clone());
+    let mut raw = kubelet::RawH2::connect_silent(&dirs.dra_socket()).await.expect("connect");
+    raw.wait_server_settings().await.expect("the server accepted the connection");
+    // On this single-threaded runtime the stop is sent before the yield returns.
+    let stopping = tokio::spawn(server.shutdown(GRACE));
+    tokio::task::yield_now().await;
+    raw.send_preface().await.expect("the preface");
+    let request = v1::NodePrepareResourcesRequest { claims: v1_claims(&[claim(1)]) };
+    let outcome = raw
+        .unary("localhost", "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources", &request.encode_to_vec())
+        .await
+        .expect("the call");
+    match outcome {
+        kubelet::RawOutcome::Answer { grpc_status, body, .. } => {
+            assert_eq!(grpc_status.as_deref(), Some("0"), "{body:?}");
+            let answer = v1::NodePrepareResourcesResponse::decode(body.as_slice()).expect("an answer");
+            assert_eq!(answer.claims["uid-1"].error, "");
+        }
+        other => panic!("the call on the connection accepted before the stop was not answered: {other:?}"),
+    }
+    drop(raw);
+    assert_eq!(stopping.await.expect("shutdown"), 0, "no call aborted");
+}

@@ -99,6 +99,35 @@ impl RawH2 {
         Ok(RawH2 { stream, next_stream: 1, decoder: loona_hpack::Decoder::new(), path: path.to_path_buf() })
     }
 
+    /// Connects and sends nothing: the server, once it accepted the connection, sends its
+    /// SETTINGS and waits for the client preface (its handshake). See
+    /// [`RawH2::wait_server_settings`] and [`RawH2::send_preface`].
+    pub async fn connect_silent(path: &Path) -> std::io::Result<RawH2> {
+        let stream = UnixStream::connect(path).await?;
+        Ok(RawH2 { stream, next_stream: 1, decoder: loona_hpack::Decoder::new(), path: path.to_path_buf() })
+    }
+
+    /// Reads until the server's SETTINGS frame: the server has accepted the connection.
+    pub async fn wait_server_settings(&mut self) -> std::io::Result<()> {
+        loop {
+            let mut head = [0u8; 9];
+            self.stream.read_exact(&mut head).await?;
+            let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+            let mut payload = vec![0; len];
+            self.stream.read_exact(&mut payload).await?;
+            if head[3] == SETTINGS && head[4] & ACK == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends the client preface and an empty SETTINGS frame (after [`RawH2::connect_silent`]).
+    pub async fn send_preface(&mut self) -> std::io::Result<()> {
+        let mut hello = PREFACE.to_vec();
+        hello.extend(frame(SETTINGS, 0, 0, &[]));
+        self.stream.write_all(&hello).await
+    }
+
     /// The socket this client is connected to.
     pub fn path(&self) -> &Path {
         &self.path
