@@ -259,6 +259,11 @@ fn log_change(c: &Change) {
         Change::Ignored { gpu, xid } => {
             info!(gpu = %gpu, xid, "XID {xid} is an application error (health.ignored_xids); the GPU stays healthy")
         }
+        Change::Forgotten { gpu, absent } => info!(
+            gpu = %gpu,
+            absent_seconds = absent.as_secs(),
+            "GPU gone from discovery for the quiet period; its health record is forgotten"
+        ),
         Change::Cleared { gpu, kind: ConditionKind::Unmonitored, .. } => {
             info!(gpu = %gpu, "GPU is monitored for XID events again")
         }
@@ -278,3 +283,6 @@ fn log_change(c: &Change) {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests;
