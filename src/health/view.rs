@@ -60,6 +60,8 @@ pub enum ConditionKind {
     GpuLost,
     /// The GPU cannot be watched for events (it supports none of them).
     Unmonitored,
+    /// The GPU's probe has not answered (an NVML call hangs): its health is unknown.
+    Unresponsive,
 }
 
 impl ConditionKind {
@@ -69,6 +71,7 @@ impl ConditionKind {
             ConditionKind::Xid => "xid",
             ConditionKind::GpuLost => "gpu-lost",
             ConditionKind::Unmonitored => "unmonitored",
+            ConditionKind::Unresponsive => "unresponsive",
         }
     }
 }
@@ -152,6 +155,8 @@ pub enum Event {
     Monitored { gpu: String },
     /// The light probe reached the GPU (`true`) or not.
     Probe { gpu: String, ok: bool },
+    /// The GPU's probe has not answered for `waited`.
+    ProbeHung { gpu: String, waited: Duration },
     /// NVML's recovery action for the GPU is "none" (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`
     /// reads 0): the driver needs no reset or reboot, so an XID condition may clear now.
     NoRecoveryNeeded { gpu: String },
@@ -261,7 +266,21 @@ impl HealthView {
             }
             Event::Monitored { gpu } => self.clear(&gpu, ConditionKind::Unmonitored, now).into_iter().collect(),
             Event::Probe { gpu, ok: false } => {
-                self.lose(&gpu, "the GPU does not answer (NVML cannot find it by its UUID)", now)
+                let answered = self.clear(&gpu, ConditionKind::Unresponsive, now);
+                let mut changes = self.lose(&gpu, "the GPU does not answer (NVML cannot find it by its UUID)", now);
+                changes.extend(answered);
+                changes
+            }
+            Event::ProbeHung { gpu, waited } => {
+                let message = format!(
+                    "not answering the health probe for {}s (an NVML call hangs); its health is unknown until it answers",
+                    waited.as_secs()
+                );
+                let changes = self.raise(&gpu, ConditionKind::Unresponsive, None, false, message, now);
+                if let Some(g) = self.gpus.get_mut(&gpu) {
+                    g.reachable = false;
+                }
+                changes
             }
             Event::NoRecoveryNeeded { gpu } => {
                 if !self.gpus.get(&gpu).is_some_and(|g| g.reachable) {
@@ -274,10 +293,10 @@ impl HealthView {
             }
             Event::Probe { gpu, ok: true } => {
                 self.gpus
-                    .entry(gpu)
+                    .entry(gpu.clone())
                     .or_insert_with(|| GpuHealth { first_seen: unix_secs(now), ..GpuHealth::default() })
                     .reachable = true;
-                Vec::new()
+                self.clear(&gpu, ConditionKind::Unresponsive, now).into_iter().collect()
             }
         }
     }

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use super::*;
 use crate::config::{Config, LoadContext, Overrides};
 use crate::health::MockHealth;
+use crate::health::view::{ConditionKind, Rules};
 use crate::inventory::{DeviceBackend, Inventory};
 
 const NODE: &str = "n1";
@@ -45,6 +46,7 @@ struct Setup {
     dir: tempfile::TempDir,
     events: std::path::PathBuf,
     inventory: watch::Sender<Arc<Inventory>>,
+    backend: MockHealth,
     monitor: HealthMonitor,
     _shutdown: watch::Sender<bool>,
 }
@@ -53,13 +55,14 @@ async fn start(quiet: Duration, probe_interval: Duration) -> Setup {
     let dir = tempfile::tempdir().expect("temp dir");
     let events = dir.path().join("events");
     std::fs::write(&events, "").expect("create the events file");
-    let backend = Arc::new(MockHealth::new(NODE, 4, Some(events.clone())));
+    let backend = MockHealth::new(NODE, 4, Some(events.clone()));
     let (inventory, inventory_rx) = watch::channel(Arc::new(mock_inventory(4)));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let settings =
         HealthSettings { rules: Rules { ignored_xids: BTreeSet::new(), quiet_period: quiet }, probe_interval };
-    let monitor = HealthMonitor::start(backend, inventory_rx, settings, dir.path().join("state"), shutdown_rx).await;
-    Setup { dir, events, inventory, monitor, _shutdown: shutdown }
+    let state = dir.path().join("state");
+    let monitor = HealthMonitor::start(Arc::new(backend.clone()), inventory_rx, settings, state, shutdown_rx).await;
+    Setup { dir, events, inventory, backend, monitor, _shutdown: shutdown }
 }
 
 /// Waits for a snapshot for which `ready` holds.
@@ -95,4 +98,47 @@ async fn a_gpu_removed_for_good_is_forgotten_in_health_json_after_the_quiet_peri
     let persisted = store::load(&s.dir.path().join("state")).expect("health.json");
     assert!(!persisted.contains_key(&uuid(3)), "{persisted:?}");
     assert_eq!(persisted.len(), 3);
+}
+
+/// Lets a hung GPU's probe go when the test ends, however it ends.
+struct Unhang<'a>(&'a Path, u32);
+
+impl Drop for Unhang<'_> {
+    fn drop(&mut self) {
+        inject(self.0, &format!("unhang {}", self.1));
+    }
+}
+
+fn condition(h: &HealthSnapshot, gpu: u32, kind: ConditionKind) -> Option<&crate::health::Condition> {
+    h.gpus.get(&uuid(gpu)).and_then(|g| g.conditions.get(&kind))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_probe_leaves_its_gpu_unknown_and_the_others_watched_until_it_answers() {
+    let mut s = start(Duration::from_millis(300), Duration::from_millis(50)).await;
+    let hung_at = Instant::now();
+    inject(&s.events, "hang 1");
+    let _unhang = Unhang(&s.events, 1);
+    let h =
+        until(&mut s.monitor, "GPU 1 unresponsive", |h| condition(h, 1, ConditionKind::Unresponsive).is_some()).await;
+    let waited = hung_at.elapsed();
+    println!("a hung probe marked its GPU unknown after {} ms", waited.as_millis());
+    assert!(waited < super::super::probe::hung_after(Duration::from_millis(50)) + Duration::from_secs(5), "{waited:?}");
+    let c = condition(&h, 1, ConditionKind::Unresponsive).expect("the condition");
+    assert!(!c.fatal && c.message.starts_with("not answering the health probe for 3s (an NVML call hangs)"), "{c:?}");
+    let gpu1 = mock_inventory(4).devices.into_iter().find(|d| d.uuid == uuid(1)).expect("gpu-1");
+    assert_eq!(h.device_state(&gpu1).0, crate::health::DeviceState::Unknown);
+
+    // The monitor goes on: an XID on GPU 2 is raised, and cleared after the quiet period
+    // by the probe's pass (GPU 2 answers its probe).
+    inject(&s.events, "xid 2 79");
+    until(&mut s.monitor, "GPU 2 tainted", |h| condition(h, 2, ConditionKind::Xid).is_some()).await;
+    until(&mut s.monitor, "GPU 2 recovered", |h| condition(h, 2, ConditionKind::Xid).is_none()).await;
+    assert_eq!(s.backend.probes_blocked(), 1, "one probe waits on the hung GPU, never more");
+    assert!(condition(&s.monitor.snapshot.borrow(), 1, ConditionKind::Unresponsive).is_some());
+
+    inject(&s.events, "unhang 1");
+    until(&mut s.monitor, "GPU 1 answers again", |h| h.gpus.get(&uuid(1)).is_some_and(|g| g.conditions.is_empty()))
+        .await;
+    assert_eq!(s.backend.probes_blocked(), 0);
 }
