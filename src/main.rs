@@ -164,10 +164,10 @@ fn status(config: &Config, args: &StatusArgs) -> ExitCode {
                 StatusOutputArg::Wide => edra::status::render::text(&view, true),
             },
             Err(e) if !args.watch => {
-                eprintln!("edra status: {}", edra::util::error_chain(&e));
+                eprintln!("edra status: {}", edra::util::escape_controls(&edra::util::error_chain(&e)));
                 return ExitCode::FAILURE;
             }
-            Err(e) => format!("edra status: {}\n", edra::util::error_chain(&e)),
+            Err(e) => format!("edra status: {}\n", edra::util::escape_controls(&edra::util::error_chain(&e))),
         };
         let mut out = std::io::stdout().lock();
         let written = if clear { out.write_all(b"\x1b[H\x1b[2J") } else { Ok(()) }

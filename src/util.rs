@@ -1,7 +1,9 @@
 //! Small helpers every layer uses and that depend on nothing else in edra: the version
 //! string, the one-line rendering of an error with its causes, atomic and link-safe file
 //! writes, bounded reads of a child's output, a Unix socket bound private (0600) without
-//! touching the process's umask, the API server's Quantity text, and waiting for shutdown.
+//! touching the process's umask, the API server's Quantity text, waiting for shutdown, and
+//! the escaping of control characters in text from outside before it reaches a terminal or
+//! the log ([`escape_controls`]).
 
 /// edra's version, from Cargo.toml.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -19,6 +21,54 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = s.source();
     }
     out
+}
+
+/// Whether `c` is a control character a terminal may act on: C0 (U+0000–U+001F), DEL
+/// (U+007F) or C1 (U+0080–U+009F).
+pub fn is_control(c: char) -> bool {
+    matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}')
+}
+
+/// `s` with every control character ([`is_control`]) written as Rust writes it in a
+/// string's `Debug` form, `\u{1b}` for ESC, `\u{d}` for CR, so that text from outside (an
+/// API server's message, a claim's name, a driver's string) can neither move the cursor,
+/// retitle or clear a terminal, nor start a line of its own in output or a log. Text
+/// without control characters is borrowed unchanged.
+pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    use std::fmt::Write as _;
+    if !s.chars().any(is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len().saturating_add(16));
+    for c in s.chars() {
+        if is_control(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// JSON text (as serde_json writes it) with the raw DEL and C1 characters inside its
+/// strings written as `\u007f`–`\u009f` escapes: serde_json escapes C0 but passes these
+/// through, and a terminal may take U+009B for an escape sequence's start. The document
+/// means the same; C0 outside strings (the pretty form's newlines) is kept.
+pub fn escape_json_controls(json: &str) -> std::borrow::Cow<'_, str> {
+    use std::fmt::Write as _;
+    let raw = |c: char| matches!(c, '\u{7f}'..='\u{9f}');
+    if !json.chars().any(raw) {
+        return std::borrow::Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len().saturating_add(16));
+    for c in json.chars() {
+        if raw(c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Returns once `shutdown` is true, or its sender is gone (as `edra run` stops then too).

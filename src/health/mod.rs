@@ -3,7 +3,8 @@
 //!
 //! A dedicated thread waits on NVML's events (critical XIDs, double-bit ECC errors, lost
 //! GPUs; [`nvml`]) or reads the mock backend's events file ([`source`]); a periodic light
-//! probe notices a GPU that disappeared or came back. The pure [`view`] turns events and
+//! probe notices a GPU that disappeared or came back, each GPU's on a thread of its own so
+//! a hung NVML call leaves only that GPU's health unknown ([`probe`]). The pure [`view`] turns events and
 //! the clock into conditions per GPU (an XID on the ignore list is only counted; a fatal
 //! condition is never downgraded by a lesser event; it clears once the GPU answers and no
 //! critical event came for the quiet period). The [`monitor`] task persists the conditions
@@ -14,6 +15,7 @@
 
 pub mod monitor;
 pub mod nvml;
+pub mod probe;
 pub mod source;
 pub mod store;
 pub mod view;

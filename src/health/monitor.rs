@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::probe::{Answer, Probes};
 use super::source::HealthBackend;
 use super::view::{Change, ConditionKind, Event, HealthView, Rules};
 use super::{HealthSnapshot, gpu_of, store};
@@ -58,8 +59,10 @@ impl HealthMonitor {
 
         let (events_tx, events) = mpsc::unbounded_channel::<Event>();
         let watch = Watch::start(backend.clone(), gpus, events_tx.clone());
+        let probes = Probes::new(backend.clone(), settings.probe_interval);
 
-        let running = Running { backend, inventory, settings, state_dir, view, snapshot: tx, events, events_tx, watch };
+        let running =
+            Running { backend, inventory, settings, state_dir, view, snapshot: tx, events, events_tx, watch, probes };
         let task = tokio::spawn(running.run(shutdown));
         HealthMonitor { snapshot: rx, task }
     }
@@ -102,6 +105,7 @@ struct Running {
     /// Given to each new event thread.
     events_tx: mpsc::UnboundedSender<Event>,
     watch: Watch,
+    probes: Probes,
 }
 
 impl Running {
@@ -120,7 +124,8 @@ impl Running {
                     }
                     (Vec::new(), self.on_inventory().await)
                 }
-                _ = probe.tick() => (self.probe().await, false),
+                _ = probe.tick() => (self.probe(), false),
+                Some(answer) = self.probes.answers.recv() => (self.on_answer(answer), false),
             };
             self.settle(changes, counted).await;
         }
@@ -154,33 +159,36 @@ impl Running {
         counted
     }
 
-    /// Probes every GPU (and asks NVML whether one with an XID condition needs a recovery
-    /// action) on a blocking thread, then clears what the quiet period allows.
-    async fn probe(&mut self) -> Vec<Change> {
+    /// Starts a probe of every GPU without one outstanding (its answer comes to
+    /// [`Running::on_answer`]), marks the GPUs whose probe hangs, then clears what the
+    /// quiet period allows.
+    fn probe(&mut self) -> Vec<Change> {
         // (GPU, whether it has an XID condition): only those need the recovery action.
         let gpus: Vec<(String, bool)> =
             self.view.gpus.iter().map(|(g, h)| (g.clone(), h.conditions.contains_key(&ConditionKind::Xid))).collect();
-        let prober = self.backend.clone();
-        let results = tokio::task::spawn_blocking(move || {
-            gpus.into_iter()
-                .map(|(g, xid)| {
-                    let ok = prober.probe(&g);
-                    let none_needed = ok && xid && prober.recovery_action(&g) == Some(0);
-                    (g, ok, none_needed)
-                })
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
+        let hung = self.probes.start(gpus);
         let now = SystemTime::now();
         let mut changes = Vec::new();
-        for (gpu, ok, none_needed) in results {
-            changes.extend(self.view.apply(Event::Probe { gpu: gpu.clone(), ok }, now, &self.settings.rules));
-            if none_needed {
-                changes.extend(self.view.apply(Event::NoRecoveryNeeded { gpu }, now, &self.settings.rules));
+        for (gpu, waited) in hung {
+            if self.view.gpus.contains_key(&gpu) {
+                changes.extend(self.view.apply(Event::ProbeHung { gpu, waited }, now, &self.settings.rules));
             }
         }
         changes.extend(self.view.recover(now, &self.settings.rules));
+        changes
+    }
+
+    /// Applies one probe's answer (unless its GPU was forgotten meanwhile).
+    fn on_answer(&mut self, Answer { gpu, ok, none_needed }: Answer) -> Vec<Change> {
+        self.probes.answered(&gpu);
+        if !self.view.gpus.contains_key(&gpu) {
+            return Vec::new();
+        }
+        let now = SystemTime::now();
+        let mut changes = self.view.apply(Event::Probe { gpu: gpu.clone(), ok }, now, &self.settings.rules);
+        if none_needed {
+            changes.extend(self.view.apply(Event::NoRecoveryNeeded { gpu }, now, &self.settings.rules));
+        }
         changes
     }
 
@@ -259,6 +267,14 @@ fn log_change(c: &Change) {
         Change::Ignored { gpu, xid } => {
             info!(gpu = %gpu, xid, "XID {xid} is an application error (health.ignored_xids); the GPU stays healthy")
         }
+        Change::Forgotten { gpu, absent } => info!(
+            gpu = %gpu,
+            absent_seconds = absent.as_secs(),
+            "GPU gone from discovery for the quiet period; its health record is forgotten"
+        ),
+        Change::Cleared { gpu, kind: ConditionKind::Unresponsive, .. } => {
+            info!(gpu = %gpu, "GPU answers the health probe again")
+        }
         Change::Cleared { gpu, kind: ConditionKind::Unmonitored, .. } => {
             info!(gpu = %gpu, "GPU is monitored for XID events again")
         }
@@ -278,3 +294,6 @@ fn log_change(c: &Change) {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests;

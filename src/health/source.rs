@@ -15,6 +15,8 @@
 //! unmonitored 2   # GPU 2 cannot be watched for events
 //! monitored 2     # GPU 2 can be watched again
 //! recovery 0 0    # NVML's recovery action for GPU 0 is now 0, none (1: GPU reset, ...)
+//! hang 3          # GPU 3's probe blocks, as a hung NVML call would, until `unhang 3`
+//! unhang 3
 //! ```
 //!
 //! A line longer than [`MAX_LINE`] bytes is skipped without being held in memory (its
@@ -24,8 +26,9 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::view::Event;
@@ -70,6 +73,15 @@ pub struct MockHealth {
     read: Arc<std::sync::atomic::AtomicU64>,
     lost: Arc<Mutex<BTreeSet<String>>>,
     recovery: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
+    hung: Arc<Hung>,
+}
+
+/// The GPUs whose probe blocks (`hang <gpu>`), and the probes blocked now.
+#[derive(Debug, Default)]
+struct Hung {
+    gpus: Mutex<BTreeSet<String>>,
+    changed: Condvar,
+    waiting: AtomicUsize,
 }
 
 impl MockHealth {
@@ -83,7 +95,23 @@ impl MockHealth {
             read: Arc::new(start.into()),
             lost: Arc::default(),
             recovery: Arc::default(),
+            hung: Arc::default(),
         }
+    }
+
+    /// How many probes are blocked on a hung GPU now.
+    pub fn probes_blocked(&self) -> usize {
+        self.hung.waiting.load(Ordering::SeqCst)
+    }
+
+    fn hang(&self, gpu: String, hung: bool) {
+        let mut gpus = self.hung.gpus.lock().unwrap_or_else(PoisonError::into_inner);
+        if hung {
+            gpus.insert(gpu);
+        } else {
+            gpus.remove(&gpu);
+        }
+        self.hung.changed.notify_all();
     }
 
     fn uuid(&self, index: &str) -> Result<String, String> {
@@ -129,6 +157,10 @@ impl MockHealth {
                 Event::Unmonitored { gpu: self.uuid(gpu)?, reason: "the mock events file says so".into() }
             }
             ["monitored", gpu] => Event::Monitored { gpu: self.uuid(gpu)? },
+            [verb @ ("hang" | "unhang"), gpu] => {
+                self.hang(self.uuid(gpu)?, *verb == "hang");
+                return Ok(None);
+            }
             ["recovery", gpu, action] => {
                 let action = action.parse().map_err(|_| format!("{action:?} is not a recovery action number"))?;
                 self.recovery.lock().unwrap_or_else(PoisonError::into_inner).insert(self.uuid(gpu)?, action);
@@ -136,7 +168,7 @@ impl MockHealth {
             }
             _ => {
                 return Err("expected xid <gpu> <xid>, dbe <gpu>, lost [<gpu>], back <gpu>, unmonitored <gpu>, \
-                            monitored <gpu> or recovery <gpu> <action>"
+                            monitored <gpu>, recovery <gpu> <action>, hang <gpu> or unhang <gpu>"
                     .into());
             }
         };
@@ -174,6 +206,15 @@ impl HealthBackend for MockHealth {
     }
 
     fn probe(&self, uuid: &str) -> bool {
+        let mut hung = self.hung.gpus.lock().unwrap_or_else(PoisonError::into_inner);
+        if hung.contains(uuid) {
+            self.hung.waiting.fetch_add(1, Ordering::SeqCst);
+            while hung.contains(uuid) {
+                hung = self.hung.changed.wait(hung).unwrap_or_else(PoisonError::into_inner);
+            }
+            self.hung.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        drop(hung);
         !self.lost.lock().unwrap_or_else(PoisonError::into_inner).contains(uuid)
     }
 

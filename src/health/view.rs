@@ -60,6 +60,8 @@ pub enum ConditionKind {
     GpuLost,
     /// The GPU cannot be watched for events (it supports none of them).
     Unmonitored,
+    /// The GPU's probe has not answered (an NVML call hangs): its health is unknown.
+    Unresponsive,
 }
 
 impl ConditionKind {
@@ -69,6 +71,7 @@ impl ConditionKind {
             ConditionKind::Xid => "xid",
             ConditionKind::GpuLost => "gpu-lost",
             ConditionKind::Unmonitored => "unmonitored",
+            ConditionKind::Unresponsive => "unresponsive",
         }
     }
 }
@@ -107,6 +110,10 @@ pub struct GpuHealth {
     /// Whether the last probe reached it (not persisted: every start probes afresh).
     #[serde(skip, default = "yes")]
     pub reachable: bool,
+    /// Since when discovery no longer finds it, in Unix milliseconds; a GPU absent for
+    /// the quiet period is forgotten with its conditions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub absent_since_ms: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -116,7 +123,13 @@ fn yes() -> bool {
 impl Default for GpuHealth {
     /// No conditions, reachable.
     fn default() -> Self {
-        GpuHealth { conditions: BTreeMap::new(), first_seen: 0, last_critical_ms: None, reachable: true }
+        GpuHealth {
+            conditions: BTreeMap::new(),
+            first_seen: 0,
+            last_critical_ms: None,
+            reachable: true,
+            absent_since_ms: None,
+        }
     }
 }
 
@@ -142,6 +155,8 @@ pub enum Event {
     Monitored { gpu: String },
     /// The light probe reached the GPU (`true`) or not.
     Probe { gpu: String, ok: bool },
+    /// The GPU's probe has not answered for `waited`.
+    ProbeHung { gpu: String, waited: Duration },
     /// NVML's recovery action for the GPU is "none" (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`
     /// reads 0): the driver needs no reset or reboot, so an XID condition may clear now.
     NoRecoveryNeeded { gpu: String },
@@ -159,6 +174,9 @@ pub enum Change {
     /// An XID condition cleared after lasting `lasted` because NVML says no recovery
     /// action is needed.
     ClearedByNvml { gpu: String, lasted: Duration },
+    /// The GPU was gone from discovery for the quiet period: it and its conditions are
+    /// forgotten.
+    Forgotten { gpu: String, absent: Duration },
 }
 
 /// How events are judged.
@@ -196,10 +214,19 @@ impl HealthView {
         HealthView { gpus, xids_seen: BTreeMap::new() }
     }
 
-    /// Notes GPUs present in the inventory (their first-seen time).
+    /// Notes the GPUs discovery finds now, all of them: a new one gets its first-seen
+    /// time, one found again is no longer absent, and one not among them is absent from
+    /// `now` on (until [`HealthView::recover`] forgets it). True when a GPU was added.
     pub fn saw(&mut self, uuids: impl IntoIterator<Item = String>, now: SystemTime) -> bool {
         let mut added = false;
-        for uuid in uuids {
+        let present: BTreeSet<String> = uuids.into_iter().collect();
+        for (uuid, g) in &mut self.gpus {
+            match present.contains(uuid) {
+                true => g.absent_since_ms = None,
+                false => _ = g.absent_since_ms.get_or_insert(unix_ms(now)),
+            }
+        }
+        for uuid in present {
             self.gpus.entry(uuid).or_insert_with(|| {
                 added = true;
                 GpuHealth { first_seen: unix_secs(now), ..GpuHealth::default() }
@@ -239,7 +266,21 @@ impl HealthView {
             }
             Event::Monitored { gpu } => self.clear(&gpu, ConditionKind::Unmonitored, now).into_iter().collect(),
             Event::Probe { gpu, ok: false } => {
-                self.lose(&gpu, "the GPU does not answer (NVML cannot find it by its UUID)", now)
+                let answered = self.clear(&gpu, ConditionKind::Unresponsive, now);
+                let mut changes = self.lose(&gpu, "the GPU does not answer (NVML cannot find it by its UUID)", now);
+                changes.extend(answered);
+                changes
+            }
+            Event::ProbeHung { gpu, waited } => {
+                let message = format!(
+                    "not answering the health probe for {}s (an NVML call hangs); its health is unknown until it answers",
+                    waited.as_secs()
+                );
+                let changes = self.raise(&gpu, ConditionKind::Unresponsive, None, false, message, now);
+                if let Some(g) = self.gpus.get_mut(&gpu) {
+                    g.reachable = false;
+                }
+                changes
             }
             Event::NoRecoveryNeeded { gpu } => {
                 if !self.gpus.get(&gpu).is_some_and(|g| g.reachable) {
@@ -252,17 +293,40 @@ impl HealthView {
             }
             Event::Probe { gpu, ok: true } => {
                 self.gpus
-                    .entry(gpu)
+                    .entry(gpu.clone())
                     .or_insert_with(|| GpuHealth { first_seen: unix_secs(now), ..GpuHealth::default() })
                     .reachable = true;
-                Vec::new()
+                self.clear(&gpu, ConditionKind::Unresponsive, now).into_iter().collect()
             }
         }
     }
 
     /// Clears the fatal conditions of reachable GPUs whose last critical event is at least
-    /// the quiet period old.
+    /// the quiet period old, and forgets the GPUs absent from discovery for the quiet
+    /// period (a GPU removed for good keeps no condition in `health.json`).
     pub fn recover(&mut self, now: SystemTime, rules: &Rules) -> Vec<Change> {
+        let mut changes = self.forget_absent(now, rules);
+        changes.extend(self.clear_quiet(now, rules));
+        changes
+    }
+
+    fn forget_absent(&mut self, now: SystemTime, rules: &Rules) -> Vec<Change> {
+        let quiet = u64::try_from(rules.quiet_period.as_millis()).unwrap_or(u64::MAX);
+        let now = unix_ms(now);
+        let gone: Vec<(String, u64)> = self
+            .gpus
+            .iter()
+            .filter_map(|(uuid, g)| g.absent_since_ms.map(|since| (uuid.clone(), now.saturating_sub(since))))
+            .filter(|(_, absent)| *absent >= quiet)
+            .collect();
+        for (uuid, _) in &gone {
+            self.gpus.remove(uuid);
+            self.xids_seen.retain(|(gpu, _), _| gpu != uuid);
+        }
+        gone.into_iter().map(|(gpu, ms)| Change::Forgotten { gpu, absent: Duration::from_millis(ms) }).collect()
+    }
+
+    fn clear_quiet(&mut self, now: SystemTime, rules: &Rules) -> Vec<Change> {
         let now_ms = unix_ms(now);
         let quiet = u64::try_from(rules.quiet_period.as_millis()).unwrap_or(u64::MAX);
         let due: Vec<(String, ConditionKind)> = self

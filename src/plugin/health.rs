@@ -9,9 +9,14 @@
 //! would cut them. Streams end when the source is dropped or the plugin shuts down (an
 //! open stream would otherwise hold the connection through the shutdown grace period); the
 //! kubelet reopens them every few seconds.
+//!
+//! A kubelet may open and close streams thousands of times (each of its restarts, each
+//! broken connection): the first stream is logged at INFO, every other opening and closing
+//! at DEBUG, and the churn is summed up at INFO at most once every [`CHURN_SUMMARY_EVERY`]
+//! ([`Churn`]), when a stream opens after that long.
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::{Stream, StreamExt};
@@ -20,6 +25,9 @@ use tonic::{Request, Response, Status};
 
 /// How often an unchanged list is sent again.
 pub const RESEND_EVERY: Duration = Duration::from_secs(10);
+
+/// How often at most the health streams' churn is logged at INFO.
+pub const CHURN_SUMMARY_EVERY: Duration = Duration::from_secs(600);
 
 /// The health services advertised to the kubelet when health is served, newest first; a
 /// kubelet calls the newest it knows.
@@ -80,11 +88,75 @@ struct Wire {
 pub(crate) struct HealthService {
     source: watch::Receiver<HealthList>,
     stopping: watch::Receiver<bool>,
+    churn: Arc<Churn>,
+}
+
+/// The streams opened and closed, for the log: one INFO line for the first, then a sum at
+/// most every [`CHURN_SUMMARY_EVERY`].
+#[derive(Debug, Default)]
+struct Churn(Mutex<ChurnCount>);
+
+#[derive(Debug, Default)]
+struct ChurnCount {
+    /// When the counts below started (the first stream, or the last summary).
+    since: Option<tokio::time::Instant>,
+    opened: u64,
+    closed: u64,
+    /// Streams open now.
+    open: u64,
+}
+
+impl Churn {
+    fn opened(&self, version: &'static str) {
+        let now = tokio::time::Instant::now();
+        let mut c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        c.open = c.open.saturating_add(1);
+        let Some(since) = c.since else {
+            c.since = Some(now);
+            drop(c);
+            tracing::info!(version, "the kubelet opened the device health stream");
+            return;
+        };
+        c.opened = c.opened.saturating_add(1);
+        let (opened, closed, open, over) = (c.opened, c.closed, c.open, now.saturating_duration_since(since));
+        let summary = over >= CHURN_SUMMARY_EVERY;
+        if summary {
+            (c.since, c.opened, c.closed) = (Some(now), 0, 0);
+        }
+        drop(c);
+        tracing::debug!(version, "the kubelet opened a device health stream");
+        if summary {
+            tracing::info!(
+                opened,
+                closed,
+                open,
+                "the kubelet opened {opened} device health streams and closed {closed} in the last {}; {open} open now",
+                crate::config::bounds::show(Duration::from_secs(over.as_secs()))
+            );
+        }
+    }
+
+    fn closed(&self) {
+        let mut c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        c.open = c.open.saturating_sub(1);
+        c.closed = c.closed.saturating_add(1);
+        drop(c);
+        tracing::debug!("a device health stream ended");
+    }
+}
+
+/// Counts its stream as closed when the stream is dropped.
+struct Open(Arc<Churn>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.closed();
+    }
 }
 
 impl HealthService {
     pub(crate) fn new(source: watch::Receiver<HealthList>, stopping: watch::Receiver<bool>) -> Self {
-        HealthService { source, stopping }
+        HealthService { source, stopping, churn: Arc::default() }
     }
 
     /// The lists to send: the current one at once, then after every change, and again
@@ -93,33 +165,37 @@ impl HealthService {
     fn lists(&self, version: &'static str) -> impl Stream<Item = Vec<Wire>> + Send + 'static {
         let mut source = self.source.clone();
         source.mark_changed();
-        tracing::info!(version, "the kubelet opened the device health stream");
-        futures_util::stream::unfold((source, self.stopping.clone()), |(mut source, mut stopping)| async move {
-            let resend = tokio::select! {
-                changed = source.changed() => {
-                    if changed.is_err() {
-                        tracing::debug!("the health source is gone; ending the health stream");
-                        return None;
+        self.churn.opened(version);
+        let open = Open(Arc::clone(&self.churn));
+        futures_util::stream::unfold(
+            (source, self.stopping.clone(), open),
+            |(mut source, mut stopping, open)| async move {
+                let resend = tokio::select! {
+                    changed = source.changed() => {
+                        if changed.is_err() {
+                            tracing::debug!("the health source is gone; ending the health stream");
+                            return None;
+                        }
+                        false
                     }
-                    false
-                }
-                () = tokio::time::sleep(RESEND_EVERY) => true,
-                _ = stopping.wait_for(|stop| *stop) => return None,
-            };
-            let list = Arc::clone(&source.borrow_and_update());
-            let now = unix_seconds(SystemTime::now());
-            let devices = list
-                .iter()
-                .map(|d| {
-                    let mut wire = to_wire(d);
-                    if resend {
-                        wire.last_updated_time = wire.last_updated_time.max(now);
-                    }
-                    wire
-                })
-                .collect();
-            Some((devices, (source, stopping)))
-        })
+                    () = tokio::time::sleep(RESEND_EVERY) => true,
+                    _ = stopping.wait_for(|stop| *stop) => return None,
+                };
+                let list = Arc::clone(&source.borrow_and_update());
+                let now = unix_seconds(SystemTime::now());
+                let devices = list
+                    .iter()
+                    .map(|d| {
+                        let mut wire = to_wire(d);
+                        if resend {
+                            wire.last_updated_time = wire.last_updated_time.max(now);
+                        }
+                        wire
+                    })
+                    .collect();
+                Some((devices, (source, stopping, open)))
+            },
+        )
     }
 }
 

@@ -1,11 +1,14 @@
 //! `edra status` output: text in the manner of `kubectl get` (fits 100 columns), wide text
 //! (UUIDs, share IDs, MIG instances and MPS daemons on lines of their own), or the view as
-//! JSON (schema [`super::SCHEMA`]).
+//! JSON (schema [`super::SCHEMA`]). The view holds text from outside (API server errors,
+//! claim and pod names, NVML's strings): its control characters are shown escaped
+//! (`\u{1b}`, [`crate::util::escape_controls`]) in every output, never sent raw to the
+//! terminal.
 
 use std::fmt::Write as _;
 
 use super::{ClaimStatus, GpuStatus, NodeStatus};
-use crate::util::quantity;
+use crate::util::{escape_controls, escape_json_controls, quantity};
 
 /// The width text output keeps to.
 pub const WIDTH: usize = 100;
@@ -131,8 +134,37 @@ fn claim_row(c: &ClaimStatus, now: i64, wide: bool) -> Vec<String> {
     row
 }
 
-/// The view as text; `wide` adds UUIDs, share IDs, MIG instances and MPS daemons.
+/// The view as text; `wide` adds UUIDs, share IDs, MIG instances and MPS daemons. Every
+/// text in the view is shown with its control characters escaped.
 pub fn text(s: &NodeStatus, wide: bool) -> String {
+    match escaped(s) {
+        Some(shown) => layout(&shown, wide),
+        // Not met (the view is plain data): escape all but the layout's own line breaks.
+        None => layout(s, wide).split('\n').map(escape_controls).collect::<Vec<_>>().join("\n"),
+    }
+}
+
+/// `s` with the control characters of each of its texts escaped. The view is walked as
+/// JSON, so a field added later is covered without a word here.
+fn escaped(s: &NodeStatus) -> Option<NodeStatus> {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::String(t) => {
+                if let std::borrow::Cow::Owned(e) = escape_controls(t) {
+                    *t = e;
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            serde_json::Value::Object(fields) => fields.values_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut v = serde_json::to_value(s).ok()?;
+    walk(&mut v);
+    serde_json::from_value(v).ok()
+}
+
+fn layout(s: &NodeStatus, wide: bool) -> String {
     let mut out = String::new();
     let yes_no = |b: bool, yes: &str, no: &str| if b { yes.to_string() } else { no.to_string() };
     let _ = writeln!(
@@ -209,9 +241,11 @@ fn details(out: &mut String, s: &NodeStatus) {
     }
 }
 
-/// The view as pretty JSON with a final newline.
+/// The view as pretty JSON with a final newline; control characters in its strings are
+/// JSON escapes (`\u001b`, `\u009b`), none raw.
 pub fn json(s: &NodeStatus) -> String {
-    let mut out = serde_json::to_string_pretty(s).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    let mut out =
+        serde_json::to_string_pretty(s).unwrap_or_else(|e| serde_json::json!({"error": e.to_string()}).to_string());
     out.push('\n');
-    out
+    escape_json_controls(&out).into_owned()
 }

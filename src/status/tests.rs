@@ -86,3 +86,32 @@ fn the_text_view_fits_100_columns_and_says_what_matters() {
     assert!(wide.contains("0b0c9a28-4a35-4d0e-9f3e-0f2b1d7c1a11") && wide.contains("GPU-gpu-0"), "{wide}");
     assert!(wide.contains("gpu-0#6de5d941-c79d-4a8a-ba10-668351620525"), "{wide}");
 }
+
+#[test]
+fn text_from_outside_is_shown_escaped_in_every_output() {
+    let hostile = "\u{1b}]0;owned\u{7}\u{1b}[2J\r\nFAKE LINE: all GPUs healthy\u{9b}2J";
+    let mut v = view();
+    v.publish_error = Some(format!("500 Internal Server Error: {hostile}"));
+    v.gpus[1].conditions.push(ConditionStatus {
+        kind: "xid".into(),
+        value: Some("79".into()),
+        fatal: true,
+        since: 1_000,
+        message: hostile.into(),
+    });
+    v.claims[0].name = hostile.into();
+    v.claims[0].pods = Some(vec![hostile.into()]);
+    for wide in [false, true] {
+        let t = text(&v, wide);
+        assert!(!t.chars().any(|c| crate::util::is_control(c) && c != '\n'), "{t:?}");
+        assert!(!t.lines().any(|l| l.starts_with("FAKE LINE")), "{t}");
+        assert!(t.contains(
+            "last publish error: 500 Internal Server Error: \\u{1b}]0;owned\\u{7}\\u{1b}[2J\\u{d}\\u{a}FAKE"
+        ));
+    }
+    assert!(text(&v, true).contains("gpu-1: xid since 3h5m ago: \\u{1b}]0;owned"), "{}", text(&v, true));
+    let json = super::render::json(&v);
+    assert!(!json.chars().any(|c| crate::util::is_control(c) && c != '\n'), "{json:?}");
+    let back: NodeStatus = serde_json::from_str(&json).expect("valid JSON");
+    assert_eq!(back, v, "the JSON view keeps the text itself");
+}

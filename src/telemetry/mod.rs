@@ -6,10 +6,12 @@
 //! `Debug`. How lines look depends on where stderr goes ([`LogStyle`]): colour only on a
 //! terminal and never with `NO_COLOR`; under systemd's journal no timestamps (the journal
 //! keeps its own) and an sd-daemon priority prefix (`<3>` error … `<7>` debug) on each
-//! line. [`metrics`] holds the Prometheus registry, [`http`] serves it with `/healthz`
+//! line. Control characters in any field or message are written escaped (`\u{1b}`), so
+//! text from outside cannot act on a terminal or forge a line ([`escape`]). [`metrics`] holds the Prometheus registry, [`http`] serves it with `/healthz`
 //! and `/readyz` on `metrics.address`; [`sdnotify`] speaks systemd's notification protocol
 //! (ready, stopping, watchdog).
 
+mod escape;
 mod gpu_use;
 pub mod http;
 pub mod metrics;
@@ -21,9 +23,10 @@ use std::ffi::OsStr;
 use std::fmt;
 
 use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -117,22 +120,32 @@ pub fn init(format: LogFormat, level: &str) {
 
 /// [`init`] with a given style.
 pub fn init_with(format: LogFormat, level: &str, style: LogStyle) {
-    use tracing_subscriber::fmt::format as line;
     // The configuration checked the filter; one that does not parse here logs at INFO.
     let filter: Targets = level.parse().unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO));
     // The filter sits right on the registry, so its most verbose level is also the global
     // one (what `log` records from dependencies are checked against first).
-    let filtered = tracing_subscriber::registry().with(filter);
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(style.ansi);
-    let _ = match (format, style.journald) {
-        (LogFormat::Text, false) => filtered.with(layer.with_target(true)).try_init(),
-        (LogFormat::Text, true) => filtered
-            .with(layer.event_format(Priority(line().with_target(true).with_ansi(false).without_time())))
-            .try_init(),
-        (LogFormat::Json, false) => filtered.with(layer.json().flatten_event(true).with_current_span(true)).try_init(),
+    let _ = tracing_subscriber::registry().with(filter).with(lines(format, style, std::io::stderr)).try_init();
+}
+
+/// The layer that writes log lines to `writer` in `format` and `style`, every field's
+/// control characters escaped.
+pub fn lines<S, W>(format: LogFormat, style: LogStyle, writer: W) -> Box<dyn Layer<S> + Send + Sync + 'static>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::fmt::format as line;
+    let layer = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(style.ansi);
+    let json = || line().json().flatten_event(true).with_current_span(true);
+    match (format, style.journald) {
+        (LogFormat::Text, false) => Box::new(layer.fmt_fields(escape::EscapedFields::default()).with_target(true)),
+        (LogFormat::Text, true) => Box::new(
+            layer
+                .fmt_fields(escape::EscapedFields::default())
+                .event_format(Priority(line().with_target(true).with_ansi(false).without_time())),
+        ),
+        (LogFormat::Json, false) => Box::new(layer.json().event_format(escape::JsonEscaped(json()))),
         // JSON keeps its timestamp field: log shippers read it from the object.
-        (LogFormat::Json, true) => filtered
-            .with(layer.json().event_format(Priority(line().json().flatten_event(true).with_current_span(true))))
-            .try_init(),
-    };
+        (LogFormat::Json, true) => Box::new(layer.json().event_format(Priority(escape::JsonEscaped(json())))),
+    }
 }

@@ -130,3 +130,27 @@ async fn an_agents_socket_replaces_a_stale_socket_and_refuses_any_other_file() {
     assert!(refused.to_string().contains("not a socket"), "{refused}");
     assert_eq!(std::fs::read(&at).unwrap(), b"someone's file");
 }
+
+#[test]
+fn control_characters_are_shown_never_interpreted() {
+    let hostile = "\u{1b}]0;owned\u{7}\u{1b}[2J\r\nFAKE LINE: all GPUs healthy\u{9b}31m\u{7f}\t";
+    let shown = escape_controls(hostile);
+    assert_eq!(shown, "\\u{1b}]0;owned\\u{7}\\u{1b}[2J\\u{d}\\u{a}FAKE LINE: all GPUs healthy\\u{9b}31m\\u{7f}\\u{9}");
+    assert!(!shown.chars().any(is_control));
+    // Text without control characters, other languages' letters included, is untouched.
+    for plain in ["gpu-0", "Xid 79: GPU has fallen off the bus", "Grafikkarte ü ñ 显卡 é\u{a0}", ""] {
+        assert!(matches!(escape_controls(plain), std::borrow::Cow::Borrowed(p) if p == plain), "{plain:?}");
+    }
+    assert_eq!(escape_controls("\u{0}\u{1f} \u{80}\u{9f}\u{a0}"), "\\u{0}\\u{1f} \\u{80}\\u{9f}\u{a0}");
+}
+
+#[test]
+fn json_keeps_its_meaning_with_del_and_c1_escaped() {
+    let value = serde_json::json!({"message": "\u{1b}[2J\r\n\u{9b}2J\u{7f}", "n": 1});
+    let text = serde_json::to_string_pretty(&value).unwrap();
+    assert!(text.contains('\u{9b}'), "serde_json passes C1 through: {text}");
+    let escaped = escape_json_controls(&text);
+    assert!(!escaped.chars().any(|c| is_control(c) && c != '\n'), "{escaped}");
+    assert!(escaped.contains("\\u009b2J\\u007f"), "{escaped}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&escaped).unwrap(), value);
+}

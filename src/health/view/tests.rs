@@ -157,3 +157,26 @@ fn nvml_saying_no_recovery_is_needed_clears_an_xid_at_once() {
     assert!(v.gpus[GPU].conditions.contains_key(&ConditionKind::GpuLost), "lost waits for the quiet period");
     assert!(v.apply(Event::NoRecoveryNeeded { gpu: GPU.into() }, at(15), &r).is_empty());
 }
+
+#[test]
+fn a_gpu_gone_from_discovery_for_the_quiet_period_is_forgotten_with_its_conditions() {
+    let mut v = view();
+    v.saw([GPU.to_string(), "GPU-2".to_string()], at(0));
+    v.apply(Event::Xid { gpu: "GPU-2".into(), xid: 79 }, at(5), &rules());
+    // GPU-2 leaves; back within the quiet period, it is kept with its condition.
+    v.saw([GPU.to_string()], at(100));
+    assert_eq!(v.gpus["GPU-2"].absent_since_ms, Some(unix_ms(at(100))));
+    assert!(v.recover(at(250), &rules()).is_empty());
+    v.saw([GPU.to_string(), "GPU-2".to_string()], at(250));
+    assert!(v.gpus["GPU-2"].conditions.contains_key(&ConditionKind::Xid), "kept with its condition");
+    assert!(v.recover(at(450), &rules()).iter().all(|c| !matches!(c, Change::Forgotten { .. })), "present again");
+    assert_eq!(v.gpus["GPU-2"].absent_since_ms, None);
+    // Removed for good: forgotten once absent for the quiet period (300 s), not before.
+    v.saw([GPU.to_string()], at(1_000));
+    v.saw([GPU.to_string()], at(1_200));
+    assert!(v.recover(at(1_299), &rules()).iter().all(|c| !matches!(c, Change::Forgotten { .. })));
+    let changes = v.recover(at(1_300), &rules());
+    assert_eq!(changes, [Change::Forgotten { gpu: "GPU-2".into(), absent: Duration::from_secs(300) }]);
+    assert_eq!(v.gpus.keys().collect::<Vec<_>>(), [GPU]);
+    assert!(v.xids_seen.keys().all(|(g, _)| g == GPU), "{:?}", v.xids_seen);
+}

@@ -65,3 +65,32 @@ async fn the_list_is_sent_at_once_on_changes_and_again_every_ten_seconds() {
     stop.send_replace(true);
     assert!(stream.next().await.is_none(), "shutdown ends the stream");
 }
+
+#[tokio::test(start_paused = true)]
+async fn many_streams_log_one_line_and_a_summary_at_most_every_ten_minutes() {
+    use crate::test_support::captured_logs::CapturedLogs;
+    let (logs, _guard) = CapturedLogs::start_at("info");
+    let (_tx, rx) = watch::channel(Arc::new(Vec::new()));
+    let (_stop, stopping) = watch::channel(false);
+    let service = HealthService::new(rx, stopping);
+    // 2,000 streams, one a second (33 minutes), each closed before the next opens.
+    for _ in 0..2_000 {
+        let request = Request::new(proto::NodeWatchResourcesRequest {});
+        let mut stream = service.node_watch_resources(request).await.expect("stream").into_inner();
+        stream.next().await.expect("a list").expect("ok");
+        drop(stream);
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    let text = logs.text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.iter().filter(|l| l.contains("the kubelet opened the device health stream")).count(), 1);
+    let summaries: Vec<&&str> = lines.iter().filter(|l| l.contains("device health streams")).collect();
+    assert_eq!(summaries.len(), 3, "{text}");
+    assert_eq!(lines.len(), 4, "nothing else at INFO: {text}");
+    assert!(
+        summaries[0]
+            .contains("the kubelet opened 600 device health streams and closed 600 in the last 10m; 1 open now"),
+        "{}",
+        summaries[0]
+    );
+}

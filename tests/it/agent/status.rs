@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::support::agent::{ChildAgent, Cluster, DRIVER, GPUS, NODE, WAIT, prepare_ok};
-use crate::support::apiserver::{AllocatedDevice, ClaimBuilder, bound_pod};
+use crate::support::apiserver::{AllocatedDevice, ClaimBuilder, Fault, FaultAction, bound_pod};
 
 const SHARE: &str = "6de5d941-c79d-4a8a-ba10-668351620525";
 
@@ -128,6 +128,52 @@ async fn status_shows_gpus_and_claims_and_answers_while_the_api_server_is_down()
     let view = json(&config);
     assert_eq!(view["claims"].as_array().map(Vec::len), Some(2));
     drop(agent);
+}
+
+#[tokio::test]
+async fn text_from_the_api_server_reaches_status_and_the_log_escaped() {
+    // A new window title, a cleared screen, and a line of its own.
+    let hostile = "\u{1b}]0;owned\u{7}\u{1b}[2J\r\nFAKE LINE: all GPUs healthy";
+    let shown = "\\u{1b}]0;owned\\u{7}\\u{1b}[2J\\u{d}\\u{a}FAKE LINE: all GPUs healthy";
+    let cluster = Cluster::start().await;
+    let fault = FaultAction::InternalErrorSaying(hostile.into());
+    cluster.server.inject(Fault::next(usize::MAX, fault).method(http::Method::GET).path_contains("/nodes/"));
+    let config = cluster.config_file(NODE);
+    let agent = ChildAgent::start_configured(&cluster, &config, "", &[]).await;
+    let view = until(&config, "the API server's error in the view", |v| {
+        v["publish_error"].as_str().is_some_and(|e| e.contains("FAKE LINE"))
+    })
+    .await;
+    assert!(view["publish_error"].as_str().unwrap().contains(hostile), "JSON keeps the text itself: {view}");
+    let raw = |c: char| c.is_control() && c != '\n';
+    for output in ["json", "text", "wide"] {
+        let (ok, out, err) = status(&config, output);
+        assert!(ok, "{err}");
+        assert!(!out.chars().any(raw), "edra status -o {output} wrote a control character: {out:?}");
+        assert!(!out.lines().any(|l| l.trim_start().starts_with("FAKE LINE")), "{out}");
+        if output != "json" {
+            assert!(out.contains(shown), "{out}");
+            println!("{}", out.lines().find(|l| l.contains(shown)).unwrap_or_default());
+        }
+    }
+    let log = until_logged(&agent, "FAKE LINE").await;
+    assert!(!log.chars().any(raw), "the log holds a control character: {log:?}");
+    assert!(!log.lines().any(|l| l.starts_with("FAKE LINE")), "a forged log line: {log}");
+    let line = log.lines().find(|l| l.contains("cannot reach the API server yet") && l.contains(shown));
+    println!("{}", line.expect("the warning, escaped"));
+}
+
+/// The agent's log once it holds `text` (within [`WAIT`]).
+async fn until_logged(agent: &ChildAgent, text: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let log = agent.stderr();
+        if log.contains(text) {
+            return log;
+        }
+        assert!(started.elapsed() < WAIT, "no {text:?} in the log: {log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The status socket under `root`, wherever the runtime directory is.

@@ -11,6 +11,8 @@ use http::Method;
 pub enum FaultAction {
     /// `500 InternalError` Status.
     InternalError,
+    /// `500 InternalError` Status whose message ends with this text.
+    InternalErrorSaying(String),
     /// `429 TooManyRequests` Status with `Retry-After: secs`.
     TooManyRequests { retry_after_secs: u64 },
     /// An error status `code` (429 or 503) with a `Retry-After` header of `header_secs`

@@ -241,6 +241,7 @@ async fn serve(
     });
     match fault {
         Some(FaultAction::InternalError) => return Err(ApiError::internal("injected fault".to_owned())),
+        Some(FaultAction::InternalErrorSaying(message)) => return Err(ApiError::internal(message)),
         Some(FaultAction::TooManyRequests { retry_after_secs }) => {
             return Err(ApiError::too_many_requests(retry_after_secs));
         }
