@@ -203,7 +203,7 @@ pub fn run_blocking(config: &Config, options: &Options) -> Result<Report, Selfte
     let mut config = config.clone();
     config.paths.state_dir = work.path().join("state");
     config.paths.cdi_dynamic_dir = work.path().join("cdi");
-    config.paths.runtime_dir = work.path().join("run");
+    config.paths.runtime_dir = work.named_path().join("run");
     let mut report = Report {
         schema: SCHEMA,
         version: crate::VERSION,

@@ -3,7 +3,8 @@
 //! The directory it goes in (`--work-dir`, else `$TMPDIR` or /tmp) must be owned by root
 //! or by the user running edra, and not writable by group or others unless it has the
 //! sticky bit (as /tmp): another user must not be able to rename edra's folder aside and
-//! put a link in its place. Anything else is refused before a check runs ([`check_base`]).
+//! put a link in its place. So must every directory above it. Anything else is refused
+//! before a check runs ([`check_base`]).
 //!
 //! The folder is made with `mkdirat` under a fresh random name relative to a descriptor of
 //! that directory, opened with `O_NOFOLLOW | O_DIRECTORY`, and checked with `fstat` to be
@@ -12,7 +13,10 @@
 //! same inode), not through its name: the kernel resolves that path through the
 //! descriptor, so renaming the folder, or any folder above it, and planting links in its
 //! place changes nothing for the state store, CDI specs, runtime files and hooks that
-//! edra's children (which name our pid) reach there. At the end its contents are removed
+//! edra's children (which name our pid) reach there. Only the runtime folder, where the
+//! MPS daemon bind-mounts its shm folder from a mount namespace of its own (which cannot
+//! use such a path), is named by its real path ([`WorkDir::named_path`]), safe by the
+//! checks above. At the end its contents are removed
 //! through that path and the folder itself by name only while the name still is it.
 
 use std::ffi::{CString, OsString};
@@ -83,6 +87,7 @@ pub struct WorkDir {
     name: OsString,
     dir: File,
     path: PathBuf,
+    named: PathBuf,
 }
 
 impl WorkDir {
@@ -97,25 +102,50 @@ impl WorkDir {
             .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(base)
             .map_err(io("open the directory"))?;
-        check_base(&base_dir.metadata().map_err(io("stat the directory"))?, euid).map_err(unsafe_dir)?;
+        let held = base_dir.metadata().map_err(io("stat the directory"))?;
+        check_base(&held, euid).map_err(unsafe_dir)?;
+        let canonical = std::fs::canonicalize(base).map_err(io("resolve the directory"))?;
+        let now = std::fs::metadata(&canonical).map_err(io("stat the directory"))?;
+        if (now.dev(), now.ino()) != (held.dev(), held.ino()) {
+            return Err(unsafe_dir(format!("it changed while it was checked ({} now)", canonical.display())));
+        }
+        for above in canonical.ancestors().skip(1) {
+            let meta = std::fs::metadata(above).map_err(io("stat a directory above it"))?;
+            check_base(&meta, euid)
+                .map_err(|p| unsafe_dir(format!("the directory above it {}: {p}", above.display())))?;
+        }
+        Self::make(base_dir, &canonical, euid).map_err(|(what, source)| WorkDirError::Io {
+            dir: base.to_path_buf(),
+            origin,
+            what,
+            source,
+        })
+    }
+
+    /// The folder in the directory `base_dir`, whose name is `canonical`.
+    fn make(base_dir: File, canonical: &Path, euid: u32) -> Result<Self, (&'static str, std::io::Error)> {
         let mut tries = 0;
         let name = loop {
             let name = format!("edra-selftest-{}-{:016x}", std::process::id(), fastrand::u64(..));
             match mkdirat(&base_dir, &name) {
                 Ok(()) => break OsString::from(name),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 8 => tries += 1,
-                Err(e) => return Err(io("make the folder")(e)),
+                Err(e) => return Err(("make the folder", e)),
             }
         };
-        let dir = match open_own(&base_dir, &name, euid) {
-            Ok(dir) => dir,
-            Err(e) => {
-                // Never remove what is at the name now: it may not be what was made.
-                return Err(io("open the folder just made")(e));
-            }
-        };
-        let path = held_path(&dir).map_err(io("reach the folder through /proc/<pid>/fd"))?;
-        Ok(WorkDir { base: base_dir, name, dir, path })
+        // On failure, what is at the name is left alone: it may not be what was made.
+        let dir = open_own(&base_dir, &name, euid).map_err(|e| ("open the folder just made", e))?;
+        let path = held_path(&dir).map_err(|e| ("reach the folder through /proc/<pid>/fd", e))?;
+        let named = canonical.join(&name);
+        Ok(WorkDir { base: base_dir, name, dir, path, named })
+    }
+
+    /// The folder by its name, for what a child process uses in a mount namespace of its
+    /// own, where a `/proc/<pid>/fd` path cannot be bind-mounted (the MPS daemon's shm
+    /// folder under the runtime folder). Safe since no directory above it may be changed
+    /// by another user ([`WorkDir::new`] checks each).
+    pub fn named_path(&self) -> &Path {
+        &self.named
     }
 
     /// The path everything below the folder is reached by (`/proc/<pid>/fd/<n>`).

@@ -164,8 +164,8 @@ fn a_folder_whose_parent_another_user_swaps_for_links_is_still_reached_by_descri
     if !root_or_skip("a_folder_whose_parent_another_user_swaps_for_links_is_still_reached_by_descriptor") {
         return;
     }
-    // top (root, 0755) / nobodys (nobody's) / shared (root, 1777, as /tmp): the base is
-    // safe when checked, but nobody may rename it away, since its parent is nobody's.
+    // top (root, 0755) / nobodys (nobody's) / shared (root, 1777, as /tmp): the base
+    // itself is safe, but nobody may rename it away, since its parent is nobody's.
     let top = tempfile::tempdir().unwrap();
     chmod(top.path(), 0o755);
     let victim = victim(top.path());
@@ -175,7 +175,11 @@ fn a_folder_whose_parent_another_user_swaps_for_links_is_still_reached_by_descri
     let base = parent.join("shared");
     std::fs::create_dir(&base).unwrap();
     chmod(&base, 0o1777);
-    let work = WorkDir::new(&base, "--work-dir").expect("a root-owned sticky directory");
+    let e = refusal(&base);
+    assert!(e.contains("the directory above it") && e.contains("owned by uid 65534"), "{e}");
+    // The folder made all the same, as if the parent had been swapped after the checks.
+    let held = std::fs::File::open(&base).unwrap();
+    let work = WorkDir::make(held, &base, 0).expect("a root-owned sticky directory");
     let name = work.name.clone();
     // nobody swaps the base for a folder of its own in which edra's folder's name is a
     // link to the victim's folder.
