@@ -134,10 +134,12 @@ fn in_cluster(src: &Sources) -> Result<Result<Credentials, String>, Error> {
     }))
 }
 
-/// Read a token file: trimmed, and not empty.
+/// Read a token file (a regular file of at most [`super::files::MAX_CREDENTIAL_FILE`]):
+/// trimmed, and not empty.
 pub fn read_token(path: &Path) -> Result<Secret, Error> {
     let bad = |problem: String| Error::CredentialFile { path: path.to_path_buf(), problem };
-    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read the token: {e}")))?;
+    let text = super::files::read_regular_text(path, super::files::MAX_CREDENTIAL_FILE)
+        .map_err(|problem| bad(format!("cannot read the token: {problem}")))?;
     let token = text.trim();
     if token.is_empty() {
         return Err(bad("the token file is empty".into()));

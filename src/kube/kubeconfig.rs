@@ -77,7 +77,8 @@ struct Found<T> {
 pub fn load(files: &[PathBuf], context: Option<&str>) -> Result<Credentials, Error> {
     let mut parsed = Vec::with_capacity(files.len());
     for path in files {
-        let text = std::fs::read_to_string(path).map_err(|e| err(path, format!("cannot read the file: {e}")))?;
+        let text = super::files::read_regular_text(path, super::files::MAX_CREDENTIAL_FILE)
+            .map_err(|problem| err(path, format!("cannot read the file: {problem}")))?;
         parsed.push((path.clone(), parse(path, &text)?));
     }
     select(&parsed, context)
@@ -293,8 +294,8 @@ fn pem_source(
             if !path.exists() {
                 return Err(err(file, format!("{what} file {} does not exist", path.display())));
             }
-            let bytes = std::fs::read(&path)
-                .map_err(|e| err(file, format!("{what} file {} cannot be read: {e}", path.display())))?;
+            let bytes = super::files::read_regular(&path, super::files::MAX_CREDENTIAL_FILE)
+                .map_err(|problem| err(file, format!("{what} file {} cannot be read: {problem}", path.display())))?;
             check_pem(file, &format!("{what} file {}", path.display()), &bytes, kind)?;
             Ok(Some(Pem::File(path)))
         }

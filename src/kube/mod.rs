@@ -1,6 +1,6 @@
 //! edra's own Kubernetes API client, on hyper 1 + rustls (ring): credentials from a
 //! kubeconfig, `KUBECONFIG`, the in-cluster service account or the k3s kubeconfigs
-//! ([`credentials`], [`kubeconfig`]; what they are: [`auth`]); TLS with reloading client certificates ([`tls`]);
+//! ([`credentials`], [`kubeconfig`]; what they are: [`auth`]; their files read bounded: [`files`]); TLS with reloading client certificates ([`tls`]);
 //! pure request builders ([`request`]); transport with rate limit, timeouts and retries
 //! ([`client`]); the operations edra needs ([`api`]); version conversion of
 //! resource.k8s.io objects ([`convert`]); a watcher of ResourceSlices and of this node's pods
@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod convert;
 pub mod credentials;
 mod error;
+pub mod files;
 pub mod kubeconfig;
 pub mod pods;
 pub mod request;

@@ -47,8 +47,8 @@ fn parse_key(data: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
 fn read_pem(pem: &Pem) -> Result<Vec<u8>, Error> {
     match pem {
         Pem::Data(d) => Ok(d.clone()),
-        Pem::File(p) => std::fs::read(p)
-            .map_err(|e| Error::CredentialFile { path: p.clone(), problem: format!("cannot read: {e}") }),
+        Pem::File(p) => super::files::read_regular(p, super::files::MAX_CREDENTIAL_FILE)
+            .map_err(|problem| Error::CredentialFile { path: p.clone(), problem: format!("cannot read: {problem}") }),
     }
 }
 

@@ -5,7 +5,8 @@
 //! probes each GPU, then prepares and unprepares claims it makes up itself (a whole GPU,
 //! two memory shares) through the real [`crate::prepare::Preparer`] with a state store,
 //! CDI directory and runtime directory of its own in a temporary folder — never the
-//! node's, so it runs beside a running agent without touching it. Each CDI spec is
+//! node's, so it runs beside a running agent without touching it. That folder is made and
+//! held by descriptor in a directory no other user can change ([`workdir`]). Each CDI spec is
 //! checked (the CDI rules, every device node a character device with the driver's
 //! major and minor, every mounted file present) and its hooks are run against a scratch
 //! root filesystem; with `--image` and a container runtime, a container is started with
@@ -15,7 +16,7 @@
 //! Steps: [`discovery`] (facts and slices), [`health`] (events and probe), [`claims`]
 //! (prepare and unprepare), [`spec`] (what a CDI spec names), [`hooks`] (the hooks on a
 //! scratch root), [`container`] (an optional container run), [`settings`] (GPU settings),
-//! [`render`] (text and JSON). Exit code ([`Report::exit_code`]): 0 when no check failed,
+//! [`render`] (text and JSON), [`workdir`] (the temporary folder). Exit code ([`Report::exit_code`]): 0 when no check failed,
 //! 1 when one did; bad usage exits 64 before any check runs.
 
 pub mod claims;
@@ -28,6 +29,7 @@ pub mod settings;
 pub mod spec;
 #[cfg(test)]
 mod tests;
+pub mod workdir;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -52,7 +54,8 @@ pub struct Options {
     /// Exercise time-slicing, MPS and dynamic MIG on idle GPUs (`--change-gpu-settings`).
     pub change_gpu_settings: bool,
     /// Where the temporary state, CDI and runtime folders go [default: the system's temp
-    /// folder]. They are removed at the end.
+    /// folder]; refused when another user could change it ([`workdir::check_base`]). They
+    /// are removed at the end.
     pub work_dir: Option<PathBuf>,
     /// The container runtime [default: the first of podman, nerdctl found on PATH].
     pub runtime: Option<PathBuf>,
@@ -166,15 +169,9 @@ impl Report {
 /// Why the self-test could not run at all (its checks' failures are in the report).
 #[derive(Debug, thiserror::Error)]
 pub enum SelftestError {
-    /// The temporary folder could not be made.
-    #[error("cannot create the self-test's temporary folder in {dir}; pass --work-dir with a writable folder")]
-    WorkDir {
-        /// Where.
-        dir: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The temporary folder could not be made, or not safely where asked.
+    #[error(transparent)]
+    WorkDir(#[from] workdir::WorkDirError),
     /// The async runtime could not be started.
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
@@ -193,8 +190,11 @@ pub fn gpus(inv: &Inventory) -> Vec<(String, String)> {
 /// folders replaced by temporary ones).
 pub fn run_blocking(config: &Config, options: &Options) -> Result<Report, SelftestError> {
     let started = Instant::now();
-    let base = options.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let work = WorkDir::new(&base).map_err(|source| SelftestError::WorkDir { dir: base.clone(), source })?;
+    let (base, origin) = match &options.work_dir {
+        Some(dir) => (dir.clone(), "--work-dir"),
+        None => (std::env::temp_dir(), "TMPDIR, or /tmp when unset"),
+    };
+    let work = workdir::WorkDir::new(&base, origin)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -203,7 +203,7 @@ pub fn run_blocking(config: &Config, options: &Options) -> Result<Report, Selfte
     let mut config = config.clone();
     config.paths.state_dir = work.path().join("state");
     config.paths.cdi_dynamic_dir = work.path().join("cdi");
-    config.paths.runtime_dir = work.path().join("run");
+    config.paths.runtime_dir = work.named_path().join("run");
     let mut report = Report {
         schema: SCHEMA,
         version: crate::VERSION,
@@ -220,28 +220,6 @@ pub fn run_blocking(config: &Config, options: &Options) -> Result<Report, Selfte
     rt.shutdown_timeout(Duration::from_secs(5));
     report.finish(started);
     Ok(report)
-}
-
-/// The self-test's own folder (0700), removed with everything in it when dropped.
-struct WorkDir(PathBuf);
-
-impl WorkDir {
-    fn new(base: &std::path::Path) -> std::io::Result<Self> {
-        use std::os::unix::fs::DirBuilderExt;
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        let dir = base.join(format!("edra-selftest-{}-{nanos:08x}", std::process::id()));
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        Ok(WorkDir(dir))
-    }
-    fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// What every step reads.

@@ -1,7 +1,8 @@
 //! The systemd unit and the package metadata agree with edra's configuration defaults:
 //! the unit lets edra write every directory the default configuration writes to, waits
 //! longer than the shutdown grace period, and both packages install the configuration
-//! file where edra reads it, as a kept configuration file.
+//! file where edra reads it, as a kept configuration file; the maintainer scripts delete
+//! edra's lock files at the default configuration's paths on purge (deb) and erase (rpm).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -149,4 +150,140 @@ fn package_checks_tell_a_missing_file_from_wrong_usage() {
         let said = String::from_utf8_lossy(&missing.stderr);
         assert!(said.contains("/nonexistent/edra.pkg: file not found"), "{kind}: {said}");
     }
+}
+
+/// The agent's lock files at the default configuration's paths (`edra run` takes them),
+/// as paths relative to `/`: the kubelet plugin one and the CDI one.
+fn default_lock_files() -> Vec<PathBuf> {
+    let config = default_config();
+    let paths = edra::node_lock::lock_paths(
+        &config.paths.plugin_dir(&config.driver_name),
+        &config.paths.cdi_dynamic_dir,
+        &edra::prepare::cdi::vendor(&config.driver_name),
+    );
+    paths.iter().map(|p| real(p).strip_prefix("/").expect("absolute").to_path_buf()).collect()
+}
+
+/// Every file and folder under `root`, relative to it, sorted.
+fn tree(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir") {
+            let path = entry.expect("entry").path();
+            out.push(path.strip_prefix(root).expect("under root").display().to_string());
+            if path.is_dir() {
+                todo.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Lays out a removed node's leftovers under `root`: edra's lock files, its state, and
+/// files that are not edra's beside them (another driver's lock, a spec, `others` in
+/// edra's plugin folder).
+fn leftovers(root: &Path, others: &[&str]) {
+    let locks = default_lock_files();
+    for lock in &locks {
+        let at = root.join(lock);
+        std::fs::create_dir_all(at.parent().expect("a folder")).expect("folder");
+        std::fs::write(&at, b"4242\n").expect("lock file");
+    }
+    let cdi = root.join(locks[1].parent().expect("the CDI folder"));
+    std::fs::write(cdi.join(".k8s.other.dev.lock"), b"").expect("another driver's lock");
+    std::fs::write(cdi.join("other.json"), b"{}").expect("another spec");
+    for other in others {
+        std::fs::write(root.join(locks[0].parent().expect("plugin folder")).join(other), b"").expect("other file");
+    }
+    std::fs::create_dir_all(root.join("var/lib/edra/db")).expect("state");
+}
+
+#[test]
+fn apt_purge_removes_edras_lock_files_and_its_empty_plugin_folder_only() {
+    let postrm = repo("packaging/debian/postrm");
+    let purge = |root: &Path, action: &str| {
+        let out =
+            std::process::Command::new("sh").arg(&postrm).arg(action).env("DPKG_ROOT", root).output().expect("sh");
+        assert!(out.status.success(), "postrm {action}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let removed = tempfile::tempdir().expect("temp dir");
+    leftovers(removed.path(), &[]);
+    let before = tree(removed.path());
+    purge(removed.path(), "remove");
+    assert_eq!(tree(removed.path()), before, "remove keeps the lock files and the state");
+    purge(removed.path(), "purge");
+    let left = tree(removed.path());
+    assert_eq!(
+        left,
+        [
+            "run",
+            "run/cdi",
+            "run/cdi/.k8s.other.dev.lock",
+            "run/cdi/other.json",
+            "var",
+            "var/lib",
+            "var/lib/kubelet",
+            "var/lib/kubelet/plugins"
+        ],
+        "only edra's lock files, its empty plugin folder and its state are gone"
+    );
+    let shared = tempfile::tempdir().expect("temp dir");
+    leftovers(shared.path(), &["dra.sock.other"]);
+    purge(shared.path(), "purge");
+    let left = tree(shared.path());
+    assert!(left.contains(&"var/lib/kubelet/plugins/gpu.edra.dev/dra.sock.other".to_string()), "{left:?}");
+    assert!(!left.iter().any(|p| p.ends_with(".k8s.gpu.edra.dev.lock") || p.ends_with("edra.lock")), "{left:?}");
+}
+
+/// rpm's `%postun` has fixed paths and no root to point elsewhere: it runs as root in a
+/// mount namespace of its own with fresh tmpfs on `/var/lib` and `/run`.
+#[test]
+fn rpm_erase_removes_edras_lock_files_and_keeps_the_state() {
+    let unshare = Path::new("/usr/bin/unshare");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !unshare.exists() {
+        eprintln!("skipped: running rpm's %postun on /var/lib and /run needs root and unshare (a mount namespace)");
+        return;
+    }
+    let setup = tempfile::tempdir().expect("temp dir");
+    leftovers(setup.path(), &[]);
+    let run = |arg: &str| {
+        let inner = r#"set -e
+mount -t tmpfs edra-test /var/lib && mount -t tmpfs edra-test /run
+cp -a "$1/var/lib/." /var/lib/ && cp -a "$1/run/." /run/
+sh "$2" "$3" >&2
+find /var/lib /run | sort"#;
+        let out = std::process::Command::new(unshare)
+            .args(["--mount", "--propagation", "private", "sh", "-c", inner, "sh"])
+            .arg(setup.path())
+            .arg(repo("packaging/rpm/post_uninstall.sh"))
+            .arg(arg)
+            .output()
+            .expect("unshare");
+        assert!(out.status.success(), "%postun {arg}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect::<Vec<_>>()
+    };
+    let upgraded = run("1");
+    for lock in default_lock_files() {
+        let at = format!("/{}", lock.display());
+        assert!(upgraded.contains(&at), "an upgrade keeps {at}: {upgraded:?}");
+    }
+    let erased = run("0");
+    assert_eq!(
+        erased,
+        [
+            "/run",
+            "/run/cdi",
+            "/run/cdi/.k8s.other.dev.lock",
+            "/run/cdi/other.json",
+            "/var/lib",
+            "/var/lib/edra",
+            "/var/lib/edra/db",
+            "/var/lib/kubelet",
+            "/var/lib/kubelet/plugins"
+        ],
+        "erase removes only edra's lock files and its empty plugin folder; the state stays"
+    );
 }
