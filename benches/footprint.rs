@@ -1,7 +1,7 @@
 //! The release binary as a child process (`target/release/edra run`, mock backend, node
 //! credentials, the test API server on loopback HTTPS): start-up to registered and
 //! published, idle memory, memory after 10,000 prepare/unprepare cycles, prepare latency of
-//! the shipped binary, binary size and dynamic libraries. `cargo bench` rebuilds
+//! the shipped binary, the peak and what stays of one call for 16 claims of almost 16 MiB, binary size and dynamic libraries. `cargo bench` rebuilds
 //! `target/release/edra` with the bench profile, so: `cargo build --release && cp
 //! target/release/edra target/edra.release && BENCH_BINARY=target/edra.release cargo bench
 //! --bench footprint`.
@@ -205,6 +205,8 @@ async fn main() {
     println!("{}", release.row("unprepare"));
     println!();
 
+    large_claims_in_one_call(&site, &mut client, pid).await;
+
     // `BENCH_HOLD=<seconds>`: keep the agent idle before stopping it, e.g. to attach a debugger.
     if let Some(hold) = std::env::var("BENCH_HOLD").ok().and_then(|v| v.parse().ok()) {
         eprintln!("holding edra (pid {pid}) for {hold} s");
@@ -220,6 +222,58 @@ async fn main() {
         t.elapsed().as_secs_f64() * 1e3,
         !site.registration_socket().exists() && !site.dra_socket().exists()
     );
+}
+
+/// Claims in the one kubelet call of [`large_claims_in_one_call`], and each one's size.
+const LARGE_CLAIMS: usize = 16;
+const LARGE_CLAIM_BYTES: usize = (16 << 20) - (64 << 10);
+
+/// One NodePrepareResources call for 16 claims of almost 16 MiB each (the most one object
+/// may be): VmHWM and VmRSS before, right after, and a minute later, then the claims go.
+async fn large_claims_in_one_call(
+    site: &Site,
+    client: &mut v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>,
+    pid: u32,
+) {
+    let claims: Vec<v1::Claim> = (0..LARGE_CLAIMS)
+        .map(|i| site.large_claim(&format!("large{i}"), &format!("gpu-{}", i % GPUS), LARGE_CLAIM_BYTES))
+        .collect();
+    let before = proc_status(pid);
+    let t = Instant::now();
+    let answer = client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: claims.clone() })
+        .await
+        .expect("NodePrepareResources")
+        .into_inner();
+    let took = t.elapsed();
+    let prepared: Vec<&v1::Claim> =
+        claims.iter().filter(|c| answer.claims.get(&c.uid).is_some_and(|r| r.error.is_empty())).collect();
+    let right_after = proc_status(pid);
+    let refused = answer.claims.values().find(|r| !r.error.is_empty()).map(|r| r.error.clone());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let later = proc_status(pid);
+    println!(
+        "## {LARGE_CLAIMS} claims of {:.1} MiB in one call (KiB)\n\n{} prepared, {:.2} s\n",
+        LARGE_CLAIM_BYTES as f64 / 1048576.0,
+        prepared.len(),
+        took.as_secs_f64()
+    );
+    if let Some(e) = refused {
+        println!("one refused: {e}\n");
+    }
+    println!("| field | before | right after | a minute later |\n|---|---:|---:|---:|");
+    for field in ["VmHWM", "VmRSS", "RssAnon"] {
+        println!("| {field} | {} | {} | {} |", get(&before, field), get(&right_after, field), get(&later, field));
+    }
+    println!();
+    let release = prepared.into_iter().cloned().collect();
+    client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: release })
+        .await
+        .expect("NodeUnprepareResources");
+    for i in 0..LARGE_CLAIMS {
+        site.server.delete_claim(common::NAMESPACE, &format!("large{i}"));
+    }
 }
 
 /// The `n` mappings with the most resident memory: (Rss KiB, Size KiB, what).

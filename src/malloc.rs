@@ -12,6 +12,11 @@
 //! An operator's own setting wins: when `MALLOC_ARENA_MAX` is set, or `GLIBC_TUNABLES`
 //! names `glibc.malloc.arena_max`, edra leaves the allocator alone. Other C libraries
 //! (musl) have no arenas to limit; there this does nothing.
+//!
+//! After a spike (large API bodies read at once: `kube::body`) edra asks glibc to return
+//! the free pages it keeps ([`release_free_memory`], `malloc_trim(0)`): glibc raises its
+//! mmap threshold to the largest block freed, so later large buffers come from the heap,
+//! and free heap pages stay resident until trimmed.
 
 use std::ffi::OsStr;
 
@@ -58,6 +63,16 @@ fn set_arena_max(n: i32) -> ArenaLimit {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn set_arena_max(_n: i32) -> ArenaLimit {
     ArenaLimit::Unavailable
+}
+
+/// Returns free heap memory to the system (glibc's `malloc_trim(0)`; elsewhere nothing).
+/// It walks the heap, so it is for after a spike, not for every allocation.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of the allocator's own heap to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 #[cfg(test)]

@@ -274,6 +274,21 @@ gpus = {gpus}
     }
 
     /// Stores the claim `b` builds as one of this node's and returns the kubelet's reference.
+    /// [`Site::claim`] for `device`, its JSON grown to about `bytes` by an annotation.
+    pub fn large_claim(&self, name: &str, device: &str, bytes: usize) -> v1::Claim {
+        let b = ClaimBuilder::new(NAMESPACE, name)
+            .on_node(NODE)
+            .reserved_for_pod(name, &pod_uid(name))
+            .allocated(AllocatedDevice::new("gpu0", DRIVER, NODE, device));
+        let mut claim = b.build();
+        let filler = bytes.saturating_sub(claim.to_string().len() + 64);
+        claim["metadata"]["annotations"] = serde_json::json!({"bench.edra.dev/filler": "x".repeat(filler)});
+        let stored = self.server.put_claim(claim);
+        self.server.mark_claim_on_node(NAMESPACE, name, NODE);
+        let uid = stored["metadata"]["uid"].as_str().expect("stored claim has a uid").to_string();
+        v1::Claim { namespace: NAMESPACE.into(), uid, name: name.into() }
+    }
+
     fn store_claim(&self, name: &str, b: ClaimBuilder) -> v1::Claim {
         let stored = self.server.put_claim(b.build());
         self.server.mark_claim_on_node(NAMESPACE, name, NODE);

@@ -18,7 +18,8 @@
 //! error goes to the caller, whose reconcile loop lists and converges.
 //!
 //! Limits. A response body is read only up to what the request can return
-//! (`body_limit`); a request given a deadline (`Client::request_by`) is not sent when
+//! (`body_limit`), and bodies of single objects read at once share a budget
+//! ([`super::body`]); a request given a deadline (`Client::request_by`) is not sent when
 //! the rate limit would hold it past that deadline ([`Error::Throttled`]).
 
 use std::collections::BTreeMap;
@@ -29,7 +30,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -37,6 +38,7 @@ use tokio::time::Instant;
 
 use super::auth::{Auth, Credentials};
 use super::backoff::{Backoff, RateLimiter, deadline_in};
+use super::body::{BODY_BUDGET, BodyBudget, ReadError, Room, collect};
 use super::credentials::read_token;
 use super::error::find_tls_error;
 use super::{Error, tls};
@@ -177,6 +179,7 @@ pub(super) struct Inner {
     pub(super) settings: ClientSettings,
     stats: Stats,
     user_agent: HeaderValue,
+    budget: BodyBudget,
 }
 
 impl std::fmt::Debug for Client {
@@ -264,6 +267,7 @@ impl Client {
                 settings,
                 stats: Stats::default(),
                 user_agent,
+                budget: BodyBudget::new(BODY_BUDGET, OBJECT_BODY_LIMIT),
             }),
         })
     }
@@ -276,6 +280,11 @@ impl Client {
     /// Where the identity came from, e.g. "client certificate … from /var/lib/rancher/…".
     pub fn identity(&self) -> &str {
         &self.inner.identity
+    }
+
+    /// The bytes held by response bodies ([`super::body`]).
+    pub fn body_budget(&self) -> &BodyBudget {
+        &self.inner.budget
     }
 
     /// A snapshot of the request counters.
@@ -374,52 +383,70 @@ impl Client {
         }
     }
 
-    /// Read a whole body before `deadline`, at most `limit` bytes of it (a longer one is
-    /// an error as soon as its length shows, from `Content-Length` or while reading).
+    /// Read a whole body before `deadline` into `room`, at most `limit` bytes of it (a
+    /// longer one is an error as soon as its length shows, from `Content-Length` or while
+    /// reading); `None`: the body outgrew its room ([`ReadError::Crowded`]).
     async fn read_body(
         &self,
         op: &str,
         resp: Response<Incoming>,
         deadline: Instant,
-        limit: BodyLimit,
-    ) -> Result<Bytes, Error> {
+        (limit, room): (BodyLimit, Room),
+    ) -> Result<Option<Bytes>, Error> {
         let too_large = || Error::TooLarge { operation: op.to_string(), what: limit.what, limit: limit.bytes };
         let declared = resp.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if declared.is_some_and(|n| usize::try_from(n).map_or(true, |n| n > limit.bytes)) {
             return Err(too_large());
         }
         let timeout = self.inner.settings.request_timeout;
-        let collected =
-            tokio::time::timeout_at(deadline, collect(Limited::new(resp.into_body(), limit.bytes), declared))
-                .await
-                .map_err(|_| Error::Timeout { operation: op.to_string(), after: timeout })?
-                .map_err(|e| {
-                    if e.is::<LengthLimitError>() {
-                        too_large()
-                    } else {
-                        Error::Transport { operation: op.to_string(), source: e }
-                    }
-                })?;
+        let body = Limited::new(resp.into_body(), limit.bytes);
+        let collected = match tokio::time::timeout_at(deadline, collect(body, declared, limit.bytes, room)).await {
+            Err(_) => return Err(Error::Timeout { operation: op.to_string(), after: timeout }),
+            Ok(Err(ReadError::Crowded)) => return Ok(None),
+            Ok(Err(ReadError::Body(e))) if e.is::<LengthLimitError>() => return Err(too_large()),
+            Ok(Err(ReadError::Body(e))) => return Err(Error::Transport { operation: op.to_string(), source: e }),
+            Ok(Ok(b)) => b,
+        };
         self.record_received(collected.len());
-        Ok(collected)
+        Ok(Some(collected))
     }
 
-    /// One attempt, body included, within one request timeout (and before `until`).
+    /// One attempt, body included, within one request timeout (and before `until`). A body
+    /// that outgrows the room it was given is read again with all the room it may need.
     async fn attempt(&self, req: &Request<Bytes>, pace: Pace) -> Result<Bytes, Failure> {
         let op = operation(req);
-        let (resp, deadline) = self.send(req, pace).await?;
-        let status = resp.status();
-        let retry_after = retry_after(&resp);
-        let body = self.read_body(&op, resp, deadline, body_limit(req)).await.map_err(|e| {
-            // A server that sends more than the object can be will do so again.
-            if e.is_too_large() { Failure::Fatal(e) } else { Failure::Ambiguous(e) }
-        })?;
-        if status.is_success() {
-            return Ok(body);
+        let limit = body_limit(req);
+        let mut large = false;
+        loop {
+            let room = self
+                .inner
+                .budget
+                .room_by(limit.bytes, large, pace.until)
+                .await
+                .ok_or_else(|| Failure::Fatal(Error::Timeout { operation: op.clone(), after: Duration::ZERO }))?;
+            let (resp, deadline) = self.send(req, pace).await?;
+            let status = resp.status();
+            let retry_after = retry_after(&resp);
+            let body = self.read_body(&op, resp, deadline, (limit, room)).await.map_err(|e| {
+                // A server that sends more than the object can be will do so again.
+                if e.is_too_large() { Failure::Fatal(e) } else { Failure::Ambiguous(e) }
+            })?;
+            let Some(body) = body else {
+                // With all the room it may need a body cannot outgrow it; were it to, say so.
+                if large {
+                    let e = Error::TooLarge { operation: op, what: limit.what, limit: limit.bytes };
+                    return Err(Failure::Fatal(e));
+                }
+                large = true;
+                continue;
+            };
+            if status.is_success() {
+                return Ok(body);
+            }
+            let err = Error::from_status(op, status.as_u16(), &body, retry_after);
+            let ra = err.api().and_then(|a| a.retry_after);
+            return Err(Failure::Status(err, ra));
         }
-        let err = Error::from_status(op, status.as_u16(), &body, retry_after);
-        let ra = err.api().and_then(|a| a.retry_after);
-        Err(Failure::Status(err, ra))
     }
 
     /// Send with the retry policy (module doc) and return the successful body.
@@ -491,8 +518,8 @@ impl Client {
         }
         let ra = retry_after(&resp);
         let deadline = deadline_in(self.inner.settings.request_timeout);
-        let body = self.read_body(&op, resp, deadline, body_limit(&req)).await?;
-        Err(Error::from_status(op, status.as_u16(), &body, ra))
+        let body = self.read_body(&op, resp, deadline, (body_limit(&req), Room::uncounted())).await?;
+        Err(Error::from_status(op, status.as_u16(), &body.unwrap_or_default(), ra))
     }
 }
 
@@ -512,22 +539,6 @@ pub const DISCOVERY_BODY_LIMIT: usize = 1 << 20;
 pub const OBJECT_BODY_LIMIT: usize = 16 << 20;
 /// A list of this node's ResourceSlices.
 pub const LIST_BODY_LIMIT: usize = 64 << 20;
-
-/// A body's data in one buffer, each frame copied in as it arrives and then dropped: the
-/// body is held once, not as its frames and their concatenation. `declared` (the
-/// Content-Length, already checked against the limit) sizes the buffer up front.
-async fn collect(
-    mut body: Limited<Incoming>,
-    declared: Option<u64>,
-) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
-    let mut buf = bytes::BytesMut::with_capacity(declared.and_then(|n| usize::try_from(n).ok()).unwrap_or(0));
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            buf.extend_from_slice(&data);
-        }
-    }
-    Ok(buf.freeze())
-}
 
 /// The body limit of a request (watches: of its error body; events have their own).
 pub(super) fn body_limit(req: &Request<Bytes>) -> BodyLimit {

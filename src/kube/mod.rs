@@ -12,6 +12,7 @@
 pub mod api;
 pub mod auth;
 pub mod backoff;
+pub mod body;
 pub mod client;
 pub mod cluster;
 pub mod convert;

@@ -426,6 +426,7 @@ fn a_retry_after_header_is_any_non_negative_number_and_nothing_else() {
     }
 }
 
+mod body;
 mod files;
 pub(crate) mod testserver;
 pub(crate) mod transport;
