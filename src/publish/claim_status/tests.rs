@@ -192,6 +192,7 @@ fn sick(since: i64, xid: &str) -> HealthSnapshot {
         first_seen: 0,
         last_critical_ms: None,
         reachable: true,
+        absent_since_ms: None,
     };
     HealthSnapshot { gpus: BTreeMap::from([("GPU-00000000".to_string(), gpu)]), ..HealthSnapshot::default() }
 }
