@@ -112,7 +112,8 @@ fn without_nvml_it_fails_clearly() {
     let out = edra(dir.path(), &config, &["--node-name", "n1"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--backend auto") && err.contains("--backend mock"), "{err}");
+    // "auto" is the default here, and the error says so (no --backend auto was given).
+    assert!(err.contains("backend = \"auto\" (the default)") && err.contains("--backend mock"), "{err}");
 }
 
 #[test]
