@@ -7,7 +7,7 @@
 //! terminal and never with `NO_COLOR`; under systemd's journal no timestamps (the journal
 //! keeps its own) and an sd-daemon priority prefix (`<3>` error … `<7>` debug) on each
 //! line. Control characters in any field or message are written escaped (`\u{1b}`), so
-//! text from outside cannot act on a terminal or forge a line ([`escape`]). [`metrics`] holds the Prometheus registry, [`http`] serves it with `/healthz`
+//! text from outside cannot act on a terminal or forge a line (`escape`). [`metrics`] holds the Prometheus registry, [`http`] serves it with `/healthz`
 //! and `/readyz` on `metrics.address`; [`sdnotify`] speaks systemd's notification protocol
 //! (ready, stopping, watchdog).
 
