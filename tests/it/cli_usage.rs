@@ -111,17 +111,24 @@ fn under_the_journal_an_invalid_configuration_is_written_at_error_priority() {
     assert!(text.lines().all(|l| l.starts_with("<3>")), "a line without the error priority:\n{text}");
 }
 
-#[test]
-fn missing_credentials_and_gpus_that_cannot_be_reached_are_both_reported_at_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let absent = |name: &str| dir.path().join(name).display().to_string();
-    let sets = [
+/// `--set` values that leave edra no credentials: every k3s and in-cluster source under
+/// `dir`, where nothing is (the state there too).
+fn no_credentials(dir: &std::path::Path) -> Vec<String> {
+    let absent = |name: &str| dir.join(name).display().to_string();
+    vec![
         format!("kubernetes.k3s_kubelet_kubeconfig={}", absent("kubelet.kubeconfig")),
         format!("kubernetes.k3s_server_kubeconfig={}", absent("k3s.yaml")),
         format!("kubernetes.service_account_dir={}", absent("sa")),
         format!("paths.state_dir={}", absent("state")),
-        format!("nvml.library={}", absent("libnvidia-ml.so.1")),
-    ];
+    ]
+}
+
+#[test]
+fn missing_credentials_and_gpus_that_cannot_be_reached_are_both_reported_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let absent = |name: &str| dir.path().join(name).display().to_string();
+    let mut sets = no_credentials(dir.path());
+    sets.push(format!("nvml.library={}", absent("libnvidia-ml.so.1")));
     let mut args: Vec<&str> = sets.iter().flat_map(|s| ["--set", s.as_str()]).collect();
     args.extend(["run", "--node-name", "n1"]);
     let out = edra(dir.path(), &[], &args);
@@ -139,12 +146,7 @@ fn missing_credentials_and_gpus_that_cannot_be_reached_are_both_reported_at_once
 fn missing_credentials_are_one_problem_with_the_sources_indented_under_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let absent = |name: &str| dir.path().join(name).display().to_string();
-    let sets = [
-        format!("kubernetes.k3s_kubelet_kubeconfig={}", absent("kubelet.kubeconfig")),
-        format!("kubernetes.k3s_server_kubeconfig={}", absent("k3s.yaml")),
-        format!("kubernetes.service_account_dir={}", absent("sa")),
-        format!("paths.state_dir={}", absent("state")),
-    ];
+    let sets = no_credentials(dir.path());
     let mut args: Vec<&str> = sets.iter().flat_map(|s| ["--set", s.as_str()]).collect();
     args.extend(["run", "--backend", "mock", "--node-name", "n1"]);
     let out = edra(dir.path(), &[], &args);

@@ -192,30 +192,9 @@ async fn watchdog_task_survives_failed_pings() {
 
 /// Receives one datagram and the descriptors it carried (`SCM_RIGHTS`).
 fn recv_with_fds(socket: &UnixDatagram) -> (String, Vec<std::os::fd::OwnedFd>) {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let mut buf = [0u8; 512];
-    let mut control = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: a zeroed msghdr is valid; the buffers it points at outlive the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &raw mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    // SAFETY: recvmsg writes within the lengths given.
-    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &raw mut msg, libc::MSG_CMSG_CLOEXEC) };
-    assert!(n >= 0, "recvmsg: {}", std::io::Error::last_os_error());
-    let mut fds = Vec::new();
-    // SAFETY: walking the control data recvmsg filled in; SCM_RIGHTS carries ints that are
-    // descriptors now owned by this process.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
-        if !cmsg.is_null() && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
-            fds.push(std::os::fd::OwnedFd::from_raw_fd(fd));
-        }
-    }
-    (String::from_utf8(buf[..n as usize].to_vec()).expect("utf-8"), fds)
+    use std::os::fd::AsRawFd;
+    let (text, fds) = crate::test_support::fd_passing::recv_with_fds(socket.as_raw_fd(), 0).expect("recvmsg");
+    (String::from_utf8(text).expect("utf-8"), fds)
 }
 
 #[test]
