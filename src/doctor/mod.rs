@@ -73,7 +73,10 @@ pub struct CheckResult {
 impl CheckResult {
     /// A result; multi-line texts (e.g. an error listing what was tried) become one line.
     pub fn new(name: &'static str, status: Status, detail: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self { name, status, detail: render::one_line(&detail.into()), fix: render::one_line(&fix.into()) }
+        // Text from outside (API server messages, NVML strings, paths) is shown, never
+        // interpreted by the terminal.
+        let shown = |text: String| crate::util::escape_controls(&render::one_line(&text)).into_owned();
+        Self { name, status, detail: shown(detail.into()), fix: shown(fix.into()) }
     }
     pub fn pass(name: &'static str, detail: impl Into<String>) -> Self {
         Self::new(name, Status::Pass, detail, "")

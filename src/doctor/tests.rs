@@ -21,3 +21,12 @@ fn exit_code_is_one_only_when_a_check_fails() {
     assert_eq!((r.worst(), r.exit_code()), (Status::Fail, 1));
     assert_eq!(Report::default().exit_code(), 0);
 }
+
+#[test]
+fn text_from_outside_in_a_check_is_shown_escaped() {
+    let hostile = "forbidden\x1b]0;owned\x07\x1b[2J\r\nFAKE LINE: all GPUs healthy";
+    let check = CheckResult::new("api", Status::Fail, hostile, "ask \u{9b}31m");
+    assert!(!check.detail.chars().any(crate::util::is_control), "{:?}", check.detail);
+    assert!(check.detail.contains("\\u{1b}]0;owned\\u{7}"), "{}", check.detail);
+    assert_eq!(check.fix, "ask \\u{9b}31m");
+}

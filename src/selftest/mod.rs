@@ -88,7 +88,10 @@ impl Check {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) -> Self {
-        let one_line = |s: String| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        // One line, and text from outside (NVML strings, runtime output) shown, never
+        // interpreted by the terminal.
+        let one_line =
+            |s: String| crate::util::escape_controls(&s.split_whitespace().collect::<Vec<_>>().join(" ")).into_owned();
         Check {
             name,
             gpu: gpu.map(str::to_string),

@@ -131,3 +131,10 @@ fn only_a_failed_check_fails_the_run_and_texts_are_one_line() {
     assert_eq!(json["checks"][1]["status"], "fail");
     assert_eq!(json["checks"][1]["gpu"], "gpu-1");
 }
+
+#[test]
+fn text_from_outside_in_a_check_is_shown_escaped() {
+    let check = Check::new("backend", None, Status::Fail, Instant::now(), "NVIDIA \x1b[2J\u{9b}H100", "fix\x07");
+    assert_eq!(check.detail, "NVIDIA \\u{1b}[2J\\u{9b}H100");
+    assert_eq!(check.fix, "fix\\u{7}");
+}
