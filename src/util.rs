@@ -36,18 +36,7 @@ pub fn is_control(c: char) -> bool {
 /// without control characters is borrowed unchanged.
 pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
     use std::fmt::Write as _;
-    if !s.chars().any(is_control) {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len().saturating_add(16));
-    for c in s.chars() {
-        if is_control(c) {
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
+    escape_chars(s, is_control, |out, c| write!(out, "\\u{{{c:x}}}"))
 }
 
 /// JSON text (as serde_json writes it) with the raw DEL and C1 characters inside its
@@ -56,14 +45,23 @@ pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
 /// means the same; C0 outside strings (the pretty form's newlines) is kept.
 pub fn escape_json_controls(json: &str) -> std::borrow::Cow<'_, str> {
     use std::fmt::Write as _;
-    let raw = |c: char| matches!(c, '\u{7f}'..='\u{9f}');
-    if !json.chars().any(raw) {
-        return std::borrow::Cow::Borrowed(json);
+    escape_chars(json, |c| matches!(c, '\u{7f}'..='\u{9f}'), |out, c| write!(out, "\\u{c:04x}"))
+}
+
+/// `s` with each character `which` picks written by `escape` (given its code point); `s`
+/// itself, borrowed, when there is none.
+fn escape_chars(
+    s: &str,
+    which: impl Fn(char) -> bool,
+    escape: impl Fn(&mut String, u32) -> std::fmt::Result,
+) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(&which) {
+        return std::borrow::Cow::Borrowed(s);
     }
-    let mut out = String::with_capacity(json.len().saturating_add(16));
-    for c in json.chars() {
-        if raw(c) {
-            let _ = write!(out, "\\u{:04x}", u32::from(c));
+    let mut out = String::with_capacity(s.len().saturating_add(16));
+    for c in s.chars() {
+        if which(c) {
+            let _ = escape(&mut out, u32::from(c));
         } else {
             out.push(c);
         }
