@@ -28,7 +28,7 @@
 
 use std::io::{self, BufRead, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -227,22 +227,9 @@ impl Offer {
     /// left; anything else at the path is an error. Call it only with the node lock held.
     pub fn bind(runtime_dir: &Path) -> io::Result<Offer> {
         let path = socket_path(runtime_dir);
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.file_type().is_socket() => std::fs::remove_file(&path)?,
-            Ok(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!("{} exists and is not a socket; remove it", path.display()),
-                ));
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let listener = std::os::unix::net::UnixListener::bind(&path)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        let listener = crate::util::bind_replacing(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         let meta = std::fs::symlink_metadata(&path)?;
-        listener.set_nonblocking(true)?;
-        let listener = tokio::net::UnixListener::from_std(listener)?;
         Ok(Offer { listener, path, file: (meta.dev(), meta.ino()) })
     }
 

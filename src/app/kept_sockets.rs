@@ -21,6 +21,9 @@ use crate::telemetry::sdnotify::Notifier;
 use crate::util::error_chain;
 use crate::util::fdstore::Inherited;
 
+/// The status socket's name in systemd's fd store.
+const STATUS_ROLE: &str = "status";
+
 /// The sockets systemd handed back to this process (none when it handed back none).
 pub(super) fn inherited() -> Arc<Mutex<Inherited>> {
     let inherited = match Inherited::from_process() {
@@ -94,5 +97,48 @@ async fn store_registered(
         notifier.remove_stored(&name).and_then(|()| notifier.store_fd(&format!("registered.{rest}"), fd.as_fd()));
     if let Err(e) = renamed {
         warn!(target: "edra::app", error = %error_chain(&e), "cannot mark the stored registration socket as registered");
+    }
+}
+
+/// The status socket (`edra status`) across restarts: the one systemd handed back, when
+/// there is one, and the notifier that stores it again.
+pub(super) struct StatusSocket {
+    kept: Option<(String, OwnedFd)>,
+    notifier: Option<Arc<Notifier>>,
+}
+
+impl StatusSocket {
+    /// Takes the status socket from what systemd handed back (before the rest is dropped).
+    pub(super) fn take(inherited: &Mutex<Inherited>) -> StatusSocket {
+        let kept = inherited.lock().unwrap_or_else(PoisonError::into_inner).take(STATUS_ROLE);
+        StatusSocket { kept, notifier: None }
+    }
+
+    /// Stores the socket with `notifier` once bound (none: not under systemd).
+    pub(super) fn stored_by(self, notifier: Option<Arc<Notifier>>) -> StatusSocket {
+        StatusSocket { notifier, ..self }
+    }
+
+    /// The listening status socket under `runtime_dir` (the one kept when still edra's,
+    /// else bound anew), stored in the fd store under systemd; and whether its file stays
+    /// at exit (stored). None, logged, when it cannot be bound.
+    pub(super) fn bind(self, runtime_dir: &std::path::Path) -> Option<(tokio::net::UnixListener, bool)> {
+        use std::os::fd::AsFd;
+        let (listener, (dev, ino)) = match crate::status::server::adopt_or_bind(runtime_dir, self.kept) {
+            Ok(bound) => bound,
+            Err(e) => {
+                warn!(target: "edra::app", error = %error_chain(&e), "edra status will not answer on this node");
+                return None;
+            }
+        };
+        let Some(notifier) = self.notifier else { return Some((listener, false)) };
+        let name = crate::util::fdstore::store_name(STATUS_ROLE, dev, ino);
+        match notifier.store_fd(&name, listener.as_fd()) {
+            Ok(()) => Some((listener, true)),
+            Err(e) => {
+                warn!(target: "edra::app", name, error = %error_chain(&e), "cannot keep the status socket in systemd's fd store");
+                Some((listener, false))
+            }
+        }
     }
 }

@@ -172,6 +172,7 @@ pub async fn run_signalling(
     let (releasing, prefetching, pods_in_use) =
         watch_claims(&config, &preparer, &cluster, prefetcher, &client, &shutdown);
     let mut plugin = serve_kubelet(&config, preparer, options, ready)?;
+    let status_socket = kept_sockets::StatusSocket::take(&inherited);
     let (notifier, storing) = started_for_systemd(&mut plugin, &inherited, &shutdown);
 
     let views = Views {
@@ -181,7 +182,9 @@ pub async fn run_signalling(
         owned_mig: owned_mig.clone(),
     };
     let (publishing, status_rx) = start_publishing(&config, &cluster, held_shares, &views, &shutdown);
-    let serving_status = serve_status(&config, backend.clone(), &views, &plugin, &status_rx, pods_in_use, &shutdown);
+    let status_socket = status_socket.stored_by(notifier.clone());
+    let serving_status =
+        serve_status(&config, backend.clone(), &views, (&plugin, &status_rx), pods_in_use, status_socket, &shutdown);
     let writing_status = keep_claim_status(&config, &cluster, &views, claims_changed, &shutdown);
     let rediscovering =
         tokio::spawn(rediscover(backend, inventory_tx, (config.rediscovery_interval, mig_changes), shutdown.clone()));
@@ -433,14 +436,15 @@ fn start_publishing(
     (publishing, status_rx)
 }
 
-/// Serves `edra status` on the runtime directory's socket (no task when it cannot be bound).
+/// Serves `edra status` on the runtime directory's socket, `kept` in systemd's fd store
+/// across restarts under systemd (no task when it cannot be bound).
 fn serve_status(
     config: &Config,
     backend: Arc<dyn DeviceBackend>,
     views: &Views,
-    plugin: &PluginServer,
-    publish: &watch::Receiver<PublishStatus>,
+    (plugin, publish): (&PluginServer, &watch::Receiver<PublishStatus>),
     pods: Arc<crate::prepare::in_use::PodsInUse>,
+    kept: kept_sockets::StatusSocket,
     shutdown: &watch::Receiver<bool>,
 ) -> Option<JoinHandle<()>> {
     let status = crate::status::collect::StatusSources {
@@ -456,7 +460,8 @@ fn serve_status(
         pods,
         started_at: crate::health::view::unix_secs(std::time::SystemTime::now()),
     };
-    crate::status::server::start(&config.paths.runtime_dir, status, shutdown.clone())
+    let (listener, keep_file) = kept.bind(&config.paths.runtime_dir)?;
+    Some(crate::status::server::serve(listener, &config.paths.runtime_dir, status, (shutdown.clone(), keep_file)))
 }
 
 /// Starts the task that writes the prepared claims' device status.

@@ -126,7 +126,7 @@ fn something_else_at_the_socket_path_is_left_alone() {
     std::fs::write(socket_path(dir.path()), "data").expect("plant a file");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let err = rt.block_on(async { Offer::bind(dir.path()).expect_err("a file is not replaced") });
-    assert!(err.to_string().contains("is not a socket"), "{err}");
+    assert!(err.to_string().contains("not a socket"), "{err}");
     assert_eq!(std::fs::read_to_string(socket_path(dir.path())).expect("still there"), "data");
     // A stale socket is replaced.
     std::fs::remove_file(socket_path(dir.path())).expect("rm");

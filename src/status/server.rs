@@ -7,6 +7,8 @@
 //! is served for at most [`CONNECTION_LIMIT`], and the socket is removed at shutdown.
 
 use std::convert::Infallible;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,24 +52,39 @@ pub fn bind(runtime_dir: &Path) -> Result<UnixListener, StatusServeError> {
     crate::util::bind_replacing(&path).map_err(|source| StatusServeError::Bind { path, source })
 }
 
-/// Binds and serves the status socket under `runtime_dir` until `shutdown`; a socket that
-/// cannot be bound is logged (the view is for people; the kubelet is served regardless).
-pub fn start(runtime_dir: &Path, sources: StatusSources, shutdown: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
-    match bind(runtime_dir) {
-        Ok(listener) => Some(serve(listener, runtime_dir, sources, shutdown)),
-        Err(e) => {
-            warn!(error = %crate::util::error_chain(&e), "edra status will not answer on this node");
-            None
+/// Serves on `kept` (the status socket the previous edra kept open in systemd's fd store,
+/// with its name there) when it is still `<runtime_dir>/status.sock`
+/// ([`crate::util::fdstore::check_stored_socket`]); otherwise binds the path anew. Returns
+/// the listener and its file's device and inode.
+pub fn adopt_or_bind(
+    runtime_dir: &Path,
+    kept: Option<(String, OwnedFd)>,
+) -> Result<(UnixListener, (u64, u64)), StatusServeError> {
+    let path = socket_path(runtime_dir);
+    let failed = |source| StatusServeError::Bind { path: path.clone(), source };
+    if let Some((name, fd)) = kept {
+        match crate::util::fdstore::check_stored_socket(fd.as_fd(), &name, &path) {
+            Ok(file) => {
+                let listener = std::os::unix::net::UnixListener::from(fd);
+                listener.set_nonblocking(true).map_err(failed)?;
+                return Ok((UnixListener::from_std(listener).map_err(failed)?, file));
+            }
+            Err(why) => warn!(path = %path.display(), reason = %why,
+                "the status socket kept open across the restart is not edra's; binding anew"),
         }
     }
+    let listener = bind(runtime_dir)?;
+    let meta = std::fs::symlink_metadata(&path).map_err(failed)?;
+    Ok((listener, (meta.dev(), meta.ino())))
 }
 
-/// Serves `listener` until `shutdown`, then removes the socket.
+/// Serves `listener` until `shutdown`, then removes the socket unless `keep_file` (systemd's
+/// fd store keeps it listening for the next edra).
 pub fn serve(
     listener: UnixListener,
     runtime_dir: &Path,
     sources: StatusSources,
-    mut shutdown: watch::Receiver<bool>,
+    (mut shutdown, keep_file): (watch::Receiver<bool>, bool),
 ) -> JoinHandle<()> {
     let path = socket_path(runtime_dir);
     info!(path = %path.display(), "serving edra status");
@@ -96,8 +113,10 @@ pub fn serve(
             }
         }
         drop(listener);
-        let _ = std::fs::remove_file(&path);
-        debug!("status socket removed");
+        if !keep_file {
+            let _ = std::fs::remove_file(&path);
+            debug!("status socket removed");
+        }
     })
 }
 

@@ -37,7 +37,7 @@ async fn a_call_made_while_edra_is_down_is_answered_by_the_next_process() {
     let mut store = std::mem::take(&mut first.fd_store);
     // Stored at start; the registration socket is stored again as registered once the
     // kubelet (the test) registered edra.
-    wait_stored(&first, &mut store, &["dra", "registered"]).await;
+    wait_stored(&first, &mut store, &["dra", "registered", "status"]).await;
     let files = (file_id(&fs.dra_socket()), file_id(&fs.registration_socket()));
     let before = cluster.allocated_claim("before", "gpu-0");
     prepare_ok(&mut first.v1().await, &before).await;
@@ -50,8 +50,14 @@ async fn a_call_made_while_edra_is_down_is_answered_by_the_next_process() {
         let mut client = kubelet::dra_v1(&dra).await;
         prepare(&mut client, std::slice::from_ref(&during)).await
     });
+    // `edra status` too waits for the next process rather than failing.
+    let status_socket =
+        edra::status::server::socket_path(&cluster.config(crate::support::agent::NODE).paths.runtime_dir);
+    let status_file = file_id(&status_socket);
+    let status = tokio::spawn(async move { edra::status::client::fetch(&status_socket).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!call.is_finished(), "the call ended while no edra ran: {:?}", call.await);
+    assert!(!status.is_finished(), "edra status ended while no edra ran: {:?}", status.await);
 
     let second = ChildAgent::start_from_store(&cluster, &store).await;
     let answers = tokio::time::timeout(WAIT, call)
@@ -67,6 +73,10 @@ async fn a_call_made_while_edra_is_down_is_answered_by_the_next_process() {
         files,
         "the same socket files, never replaced"
     );
+    let view = tokio::time::timeout(WAIT, status).await.expect("edra status is answered").expect("task");
+    assert!(view.is_ok(), "edra status asked while edra was down: {view:?}");
+    let runtime_dir = cluster.config(crate::support::agent::NODE).paths.runtime_dir;
+    assert_eq!(file_id(&edra::status::server::socket_path(&runtime_dir)), status_file, "the same status socket");
     // The claim prepared before the kill still answers.
     let mut v1 = second.v1().await;
     prepare_ok(&mut v1, &before).await;
@@ -82,7 +92,7 @@ async fn a_stored_socket_that_is_no_longer_edras_is_closed_and_bound_anew() {
     let fs = cluster.fs();
     let mut first = ChildAgent::start(&cluster, "").await;
     let mut store = std::mem::take(&mut first.fd_store);
-    wait_stored(&first, &mut store, &["dra", "registered"]).await;
+    wait_stored(&first, &mut store, &["dra", "registered", "status"]).await;
     first.kill().await;
     // Someone replaced the DRA socket's file meanwhile (a file of another inode now).
     let old = file_id(&fs.dra_socket());
