@@ -75,7 +75,9 @@ fn main() -> ExitCode {
 fn install_hook(dest: &std::path::Path) -> ExitCode {
     use edra::hook::install::{Installed, install};
     match install(dest) {
-        Ok(Installed::Copied { bytes }) => println!("edra install-hook: copied edra ({bytes} bytes) to {}", dest.display()),
+        Ok(Installed::Copied { bytes }) => {
+            println!("edra install-hook: copied edra ({bytes} bytes) to {}", dest.display())
+        }
         Ok(Installed::Unchanged { bytes }) => {
             println!("edra install-hook: {} is already this edra ({bytes} bytes)", dest.display())
         }
