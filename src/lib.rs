@@ -25,6 +25,7 @@
 //! - [`telemetry`]: logging, Prometheus metrics, `/healthz` and `/readyz`.
 //! - [`app`]: wiring, task supervision and shutdown for `edra run`.
 //! - [`node_lock`]: the lock files that keep a second agent off the node.
+//! - [`handover`]: the kubelet's listening sockets passed from a running agent to a newer one.
 //! - [`dirmode`]: the directories edra uses that others could write in.
 //! - [`malloc`]: glibc allocator settings for the long-running agent.
 //! - [`failpoint`]: crash points of prepare and unprepare for crash-consistency tests.
@@ -42,6 +43,7 @@ pub mod failpoint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gpu;
+pub mod handover;
 pub mod health;
 pub mod hook;
 pub mod inventory;

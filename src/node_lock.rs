@@ -23,7 +23,8 @@ pub enum InstanceError {
     /// Another process holds it.
     #[error(
         "another edra{} is already running for this node: it holds {}; stop it first (systemctl stop edra), \
-         or give this one its own kubelet plugin and CDI directories",
+         give this one its own kubelet plugin and CDI directories, or start this one with plugin.take_over = true \
+         to have the running one hand the node over",
         .pid.map(|p| format!(" (pid {p})")).unwrap_or_default(),
         path.display()
     )]

@@ -300,6 +300,7 @@ pub fn quantity(v: u64) -> String {
     format!("{n}{}", ["", "k", "M", "G", "T", "P", "E"][i])
 }
 
+pub mod fdpass;
 pub mod fdstore;
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::health::view::Rules;
@@ -32,6 +32,7 @@ use crate::telemetry::metrics::{CallMetrics, Metrics, StateSources};
 use crate::telemetry::sdnotify::Notifier;
 use crate::util::{error_chain, stopped};
 
+mod handover;
 mod kept_sockets;
 mod memory_limit;
 mod tasks;
@@ -132,14 +133,19 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> Result<(), 
 /// start-up fails first, `ready` is dropped and the error is returned.
 pub async fn run_signalling(
     config: Config,
-    mut shutdown: watch::Receiver<bool>,
+    outside: watch::Receiver<bool>,
     ready: Option<oneshot::Sender<Serving>>,
 ) -> Result<(), AppError> {
     let client = client_from_config(&config).map_err(|e| with_backend_problem(&config, e))?;
     info!(server = client.server_url(), identity = client.identity(), node = %config.node_name, "starting edra {}", crate::util::VERSION);
-    let _instance = lock_node(&config)?;
+    // One agent per node: the lock is taken (or a running agent found that hands over)
+    // before anything touches the sockets, the CDI specs or the state.
+    let claim = handover::claim_node(&config)?;
+    let (stop, mut shutdown) = follow(outside);
     let metrics_listener = bind_metrics(&config)?;
     let (backend, inventory_tx, inventory_rx) = discover_devices(&config).await?;
+    let Some(taken) = handover::take_node(&config, claim, &mut shutdown).await? else { return Ok(()) };
+    let _instance = taken.lock;
 
     let cluster = Arc::new(Cluster::new(client.clone()));
     let (prefetcher, claims) = claim_source(&config, &cluster);
@@ -159,12 +165,7 @@ pub async fn run_signalling(
         start_health(&config, backend.name(), &inventory_rx, &shutdown).await;
     let health_snapshot = monitor.snapshot.clone();
     let calls = CallMetrics::new();
-    let inherited = kept_sockets::inherited();
-    let options = PluginOptions {
-        observer: Some(calls.clone()),
-        health: Some(health_list_rx),
-        inherited: Some(inherited.clone()),
-    };
+    let (options, relaunch, inherited) = handover::plugin_options(taken.handed, &preparer, &calls, health_list_rx);
     let gpu_changes = preparer.gpu_change_counts();
     let mps_stats = preparer.mps_stats();
     let supervising = tokio::spawn(supervise_mps(preparer.clone(), config.mps.check_interval, shutdown.clone()));
@@ -198,7 +199,8 @@ pub async fn run_signalling(
         shutdown.clone(),
     ));
 
-    stopped(&mut shutdown).await;
+    let ending = handover::serve(&config, plugin, relaunch, &mut shutdown).await;
+    stop.send_replace(true);
     let tasks = [
         publishing,
         rediscovering,
@@ -212,7 +214,19 @@ pub async fn run_signalling(
     ];
     let optional = [watchdog, serving_metrics, prefetching, serving_status, serving_limits, storing];
     let tasks = tasks.into_iter().chain(optional.into_iter().flatten());
-    drain(notifier, plugin, tasks, store, config.shutdown_grace).await
+    drain(notifier, ending, tasks, store, config.shutdown_grace).await
+}
+
+/// A stop of this agent's own that follows `outside` (SIGTERM) and can also be sent from
+/// within (after a handover).
+fn follow(mut outside: watch::Receiver<bool>) -> (watch::Sender<bool>, watch::Receiver<bool>) {
+    let (stop, inside) = watch::channel(*outside.borrow());
+    let forward = stop.clone();
+    tokio::spawn(async move {
+        stopped(&mut outside).await;
+        forward.send_replace(true);
+    });
+    (stop, inside)
 }
 
 /// Tells systemd (when edra runs under it) that edra has started: its listening sockets go
@@ -243,17 +257,6 @@ struct Views {
     health: watch::Receiver<Arc<HealthSnapshot>>,
     store: Store,
     owned_mig: watch::Receiver<Arc<crate::dynamic_mig::OwnedInstances>>,
-}
-
-/// One agent per node: taken before anything touches the sockets, the CDI specs, the
-/// state or the metrics port (so a second instance is told what really stops it).
-fn lock_node(config: &Config) -> Result<crate::node_lock::InstanceLock, AppError> {
-    let lock_paths = crate::node_lock::lock_paths(
-        &config.paths.plugin_dir(&config.driver_name),
-        &config.paths.cdi_dynamic_dir,
-        &crate::prepare::cdi::vendor(&config.driver_name),
-    );
-    Ok(crate::node_lock::InstanceLock::acquire(&lock_paths).map_err(anyhow::Error::new)?)
 }
 
 /// The metrics port, bound early. A port another process holds does not stop edra (it is
@@ -500,43 +503,6 @@ fn metrics(
     metrics.register_health(views.inventory.clone(), views.health.clone());
     metrics.register_gpu_use(views.inventory.clone(), views.store.clone(), views.owned_mig.clone());
     metrics
-}
-
-/// The stop after `shutdown`: tells systemd, stops serving the kubelet within the `grace`
-/// period, waits for the `tasks`, makes lazily recorded releases durable, and fails when
-/// kubelet calls were aborted after the grace period.
-async fn drain(
-    notifier: Option<Arc<Notifier>>,
-    plugin: PluginServer,
-    tasks: impl Iterator<Item = JoinHandle<()>>,
-    store: Store,
-    grace: std::time::Duration,
-) -> Result<(), AppError> {
-    if let Some(n) = &notifier {
-        let _ = n.stopping();
-    }
-    let aborted = plugin.shutdown(grace).await;
-    for task in tasks {
-        let _ = task.await;
-    }
-    // Releases recorded lazily reach the disk now rather than with sled's next flush.
-    match tokio::task::spawn_blocking(move || store.sync()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => warn!(error = %error_chain(&e), "cannot make edra's state durable at shutdown"),
-        Err(e) => warn!(error = %e, "cannot make edra's state durable at shutdown"),
-    }
-    if aborted > 0 {
-        // The kubelet retries them; the exit status tells systemd the stop was not clean.
-        error!(aborted, "stopped; kubelet calls still running after the grace period were aborted");
-        return Err(AppError::Other(anyhow::anyhow!(
-            "stopped after aborting {aborted} kubelet call{} still running after the {}s grace period \
-             (plugin.shutdown_grace); the kubelet retries them",
-            if aborted == 1 { "" } else { "s" },
-            grace.as_secs_f64()
-        )));
-    }
-    info!("stopped");
-    Ok(())
 }
 
 /// The API client; credentials that cannot be used are a configuration error (exit 64).

@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
+use super::AppError;
+use super::handover::Ending;
 use crate::health::{DeviceState, HealthSnapshot};
 use crate::inventory::{self, DeviceBackend, Inventory};
 use crate::kube::backoff::Backoff;
@@ -19,6 +22,7 @@ use crate::prepare::Preparer;
 use crate::publish::desired::NodeIdentity;
 use crate::publish::reconcile::Publisher;
 use crate::publish::status::PublishStatus;
+use crate::state::Store;
 use crate::telemetry::sdnotify::Notifier;
 use crate::util::{error_chain, stopped, until_stopped};
 
@@ -330,6 +334,53 @@ fn readiness_status(
         (_, false, None) if registered => "serving; registered with the kubelet; publishing".to_string(),
         (_, false, None) => "serving; waiting for the kubelet to register edra; publishing".to_string(),
     }
+}
+
+/// The stop after `shutdown` or a handover (`ending`): tells systemd, stops serving the
+/// kubelet within the `grace` period (unless the sockets went to a newer agent), waits for
+/// the `tasks`, makes lazily recorded releases durable, and fails when kubelet calls were
+/// aborted after the grace period.
+pub(super) async fn drain(
+    notifier: Option<Arc<Notifier>>,
+    ending: Ending,
+    tasks: impl Iterator<Item = JoinHandle<()>>,
+    store: Store,
+    grace: std::time::Duration,
+) -> Result<(), AppError> {
+    if let Some(n) = &notifier {
+        let _ = n.stopping();
+    }
+    let (aborted, lost) = match ending {
+        Ending::Stopped(plugin) => (plugin.shutdown(grace).await, None),
+        Ending::HandedOver => (0, None),
+        Ending::Lost(e) => (0, Some(e)),
+    };
+    for task in tasks {
+        let _ = task.await;
+    }
+    // Releases recorded lazily reach the disk now rather than with sled's next flush.
+    match tokio::task::spawn_blocking(move || store.sync()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            warn!(target: "edra::app", error = %error_chain(&e), "cannot make edra's state durable at shutdown")
+        }
+        Err(e) => warn!(target: "edra::app", error = %e, "cannot make edra's state durable at shutdown"),
+    }
+    if let Some(e) = lost {
+        return Err(e);
+    }
+    if aborted > 0 {
+        // The kubelet retries them; the exit status tells systemd the stop was not clean.
+        error!(target: "edra::app", aborted, "stopped; kubelet calls still running after the grace period were aborted");
+        return Err(AppError::Other(anyhow::anyhow!(
+            "stopped after aborting {aborted} kubelet call{} still running after the {}s grace period \
+             (plugin.shutdown_grace); the kubelet retries them",
+            if aborted == 1 { "" } else { "s" },
+            grace.as_secs_f64()
+        )));
+    }
+    info!(target: "edra::app", "stopped");
+    Ok(())
 }
 
 #[cfg(test)]

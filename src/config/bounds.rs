@@ -21,6 +21,10 @@ pub const REDISCOVERY_INTERVAL: DurationRange =
     DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(86_400) };
 /// `plugin.shutdown_grace`: zero (abort calls at once) up to ten minutes.
 pub const SHUTDOWN_GRACE: DurationRange = DurationRange { min: Duration::ZERO, max: Duration::from_secs(600) };
+/// `plugin.handover_timeout`: a second at least (calls in flight need a moment), up to
+/// two minutes (a rolling update waits on it).
+pub const HANDOVER_TIMEOUT: DurationRange =
+    DurationRange { min: Duration::from_secs(1), max: Duration::from_secs(120) };
 /// `mps.ready_timeout`: a daemon needs a moment; the kubelet's call lasts 45 s at most,
 /// and a prepare waits for its daemon within it.
 pub const MPS_READY_TIMEOUT: DurationRange =

@@ -231,6 +231,13 @@ pub struct Config {
     pub rediscovery_interval: Duration,
     /// How long in-flight gRPC calls may finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// How long a newer edra waits for the running one to hand the kubelet's sockets over
+    /// (`handover`); the running one lets calls in flight finish for four fifths of it.
+    pub handover_timeout: Duration,
+    /// Whether this agent, finding another serving the node, asks it to hand over
+    /// (`plugin.take_over`; a DaemonSet's rolling update with a surge) rather than refusing
+    /// to start.
+    pub take_over: bool,
     /// The metrics and health endpoint.
     pub metrics: MetricsSettings,
     /// The mock backend's devices.

@@ -42,6 +42,8 @@ impl Config {
         );
         let shutdown_grace =
             r.get("plugin.shutdown_grace", Duration::from_secs(10), bounds::duration_in(bounds::SHUTDOWN_GRACE));
+        let handover_timeout =
+            r.get("plugin.handover_timeout", Duration::from_secs(10), bounds::duration_in(bounds::HANDOVER_TIMEOUT));
         let metrics = MetricsSettings {
             address: r.get("metrics.address", DEFAULT_METRICS_ADDRESS.parse().ok(), metrics_address),
         };
@@ -69,6 +71,8 @@ impl Config {
             runtime,
             rediscovery_interval,
             shutdown_grace,
+            handover_timeout,
+            take_over: r.get("plugin.take_over", false, boolean),
             metrics,
             mock,
             mps,

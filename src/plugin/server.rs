@@ -224,6 +224,11 @@ impl PluginServer {
         self.keep_files = true;
     }
 
+    /// Whether the socket files stay at shutdown ([`PluginServer::keep_socket_files`]).
+    pub fn keeps_socket_files(&self) -> bool {
+        self.keep_files
+    }
+
     /// The kubelet's verdict on the registration, updated on every status it sends.
     pub fn registration(&self) -> watch::Receiver<RegistrationState> {
         self.registration.clone()

@@ -57,7 +57,7 @@ pub(crate) fn adopt_or_bind(
                 let adopted = listener.set_nonblocking(true).and_then(|()| UnixListener::from_std(listener));
                 match adopted {
                     Ok(listener) => {
-                        tracing::info!(path = %path.display(), "serving the socket kept open across the restart");
+                        tracing::info!(path = %path.display(), "serving the socket the previous edra kept open");
                         return Ok(BoundSocket { path: path.to_path_buf(), listener, file: FileId { dev, ino } });
                     }
                     Err(e) => tracing::warn!(path = %path.display(), error = %e,

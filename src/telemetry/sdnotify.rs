@@ -187,7 +187,7 @@ impl Notifier {
     /// Sends `message` with `fd` attached (`SCM_RIGHTS`), over a socket of its own
     /// connected to the service manager's.
     fn send_with_fd(&self, message: &str, fd: std::os::fd::BorrowedFd<'_>) -> Result<(), NotifyError> {
-        use std::os::fd::AsRawFd;
+        use std::os::fd::AsFd;
         let failed = |source| NotifyError::Send {
             message: message.lines().next().unwrap_or_default().to_string(),
             socket: self.inner.display.clone(),
@@ -196,32 +196,7 @@ impl Notifier {
         let socket = UnixDatagram::unbound().map_err(NotifyError::Socket)?;
         socket.set_nonblocking(true).map_err(NotifyError::Socket)?;
         socket.connect_addr(&self.inner.addr).map_err(failed)?;
-        let raw = fd.as_raw_fd();
-        let fd_len = u32::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4);
-        // SAFETY: CMSG_SPACE only computes a size.
-        let space = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
-        // u64 words: aligned for the cmsghdr that is written into it.
-        let mut control = vec![0u64; space.div_ceil(8)];
-        let mut iov = libc::iovec { iov_base: message.as_ptr() as *mut libc::c_void, iov_len: message.len() };
-        // SAFETY: an all-zero msghdr is valid (no name, no buffers); the fields are set below.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &raw mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: `msg` points at `control`, which has room for one cmsghdr carrying one
-        // int (CMSG_SPACE), so CMSG_FIRSTHDR is non-null and CMSG_DATA has room for `raw`;
-        // sendmsg reads `message` and `control`, both alive for the call, and `raw` is a
-        // descriptor borrowed for the call.
-        let sent = unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_len) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), raw);
-            libc::sendmsg(socket.as_raw_fd(), &raw const msg, libc::MSG_NOSIGNAL)
-        };
-        if sent < 0 { Err(failed(io::Error::last_os_error())) } else { Ok(()) }
+        crate::util::fdpass::send_with_fds(socket.as_fd(), message.as_bytes(), &[fd]).map(drop).map_err(failed)
     }
 
     /// Pings the watchdog every [`Notifier::watchdog_interval`] until `shutdown`

@@ -7,6 +7,5 @@
 pub mod captured_logs;
 #[allow(dead_code)] // what only the integration tests use
 pub mod cc;
-pub mod fd_passing;
 pub mod gpu;
 pub mod planted;

@@ -9,6 +9,7 @@ mod crash_mig;
 mod crash_release;
 mod diskfull;
 mod exits;
+mod handover;
 mod health;
 mod kept_sockets;
 mod logs;

@@ -57,6 +57,7 @@ fn nothing_below_app_imports_it() {
         "config",
         "device_config",
         "doctor",
+        "handover",
         "hook",
         "node_lock",
         "inventory",

@@ -59,8 +59,10 @@ fn daemonset_mounts_match_volumes_and_selector_matches_labels() {
     }
     let strategy = &spec["updateStrategy"];
     assert_eq!(strategy["type"], "RollingUpdate");
-    // edra's socket names are fixed, so two pods on one node would fight over them.
-    assert_eq!(strategy["rollingUpdate"]["maxSurge"], 0, "{}: maxSurge must be 0", ds.at);
+    // The new pod starts while the old one serves and takes the node over (plugin.take_over,
+    // checked with the environment): never a node without edra.
+    assert_eq!(strategy["rollingUpdate"]["maxSurge"], 1, "{}: maxSurge must be 1", ds.at);
+    assert_eq!(strategy["rollingUpdate"]["maxUnavailable"], 0, "{}: maxUnavailable must be 0", ds.at);
     assert_eq!(pod["priorityClassName"], "system-node-critical");
     let ns = str_of(&ds.value["metadata"], "namespace");
     assert!(of_kind(&docs, "v1", "Namespace").iter().any(|d| d.name() == ns), "{}: namespace {ns} not defined", ds.at);
@@ -83,8 +85,11 @@ fn daemonset_environment_is_a_valid_config_whose_paths_are_mounted() {
         let name = str_of(&e, "name").to_string();
         match e.get("value").and_then(Value::as_str) {
             Some(v) => env.push((name, v.to_string())),
+            None if name == "POD_UID" => {
+                assert_eq!(e["valueFrom"]["fieldRef"]["fieldPath"], "metadata.uid");
+            }
             None => {
-                assert_eq!(name, "NODE_NAME", "{}: only NODE_NAME comes from the downward API", ds.at);
+                assert_eq!(name, "NODE_NAME", "{}: only NODE_NAME and POD_UID come from the downward API", ds.at);
                 assert_eq!(e["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
                 env.push((name, "gpu-node-1".to_string()));
             }
@@ -101,6 +106,7 @@ fn daemonset_environment_is_a_valid_config_whose_paths_are_mounted() {
     let cfg = Config::load(&ctx).unwrap_or_else(|p| panic!("{}: environment is not a valid config: {p:?}", ds.at));
     assert_eq!(cfg.node_name, "gpu-node-1");
     assert_eq!(cfg.driver_name, DRIVER);
+    assert!(cfg.take_over, "{}: the new pod of a surge must take the node over (EDRA_PLUGIN_TAKE_OVER)", ds.at);
 
     let volumes = list(&pod["volumes"]);
     let host_path_of = |volume: &str| {
@@ -121,6 +127,8 @@ fn daemonset_environment_is_a_valid_config_whose_paths_are_mounted() {
         &cfg.paths.cdi_dynamic_dir,
         &cfg.paths.state_dir,
         &cfg.paths.dev_root,
+        // The handover socket: the old and the new pod of a surge meet there.
+        &cfg.paths.runtime_dir,
     ];
     for p in writable {
         let (mp, host, ro) = mount_for(p).unwrap_or_else(|| panic!("{}: {} is not mounted", ds.at, p.display()));

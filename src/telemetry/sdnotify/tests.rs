@@ -192,9 +192,11 @@ async fn watchdog_task_survives_failed_pings() {
 
 /// Receives one datagram and the descriptors it carried (`SCM_RIGHTS`).
 fn recv_with_fds(socket: &UnixDatagram) -> (String, Vec<std::os::fd::OwnedFd>) {
-    use std::os::fd::AsRawFd;
-    let (text, fds) = crate::test_support::fd_passing::recv_with_fds(socket.as_raw_fd(), 0).expect("recvmsg");
-    (String::from_utf8(text).expect("utf-8"), fds)
+    use std::os::fd::AsFd;
+    let mut buf = vec![0u8; 4096];
+    let (n, fds) = crate::util::fdpass::recv_with_fds(socket.as_fd(), &mut buf, 0).expect("recvmsg");
+    buf.truncate(n);
+    (String::from_utf8(buf).expect("utf-8"), fds)
 }
 
 #[test]

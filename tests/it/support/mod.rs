@@ -7,8 +7,6 @@ pub mod apiserver;
 pub mod captured_logs;
 #[path = "../../../src/test_support/cc.rs"]
 pub mod cc;
-#[path = "../../../src/test_support/fd_passing.rs"]
-pub mod fd_passing;
 pub mod inotify;
 pub mod kubelet;
 pub mod layout;

@@ -32,8 +32,11 @@ pub fn drain(socket: &UnixDatagram) {
 }
 
 fn recv_now(fd: RawFd) -> std::io::Result<Notification> {
-    let (text, fds) = super::fd_passing::recv_with_fds(fd, libc::MSG_DONTWAIT)?;
-    Ok(Notification { text: String::from_utf8_lossy(&text).into_owned(), fds })
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `fd` is the caller's socket, open for the call.
+    let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let (n, fds) = edra::util::fdpass::recv_with_fds(socket, &mut buf, libc::MSG_DONTWAIT)?;
+    Ok(Notification { text: String::from_utf8_lossy(&buf[..n]).into_owned(), fds })
 }
 
 /// A file descriptor store: what the child stored, by name, less what it removed.
