@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the contents of an edra .deb: the binary, the systemd unit (installed, not
-# enabled), the configuration files registered as conffiles, the manifests, the docs and
-# the maintainer scripts' upgrade/purge behaviour. Exits 1 listing every problem.
+# enabled), the configuration files registered as conffiles, the manifests, the dashboard
+# and alert rules, the docs and the maintainer scripts' upgrade/purge behaviour. Exits 1 listing every problem.
 #
 #   packaging/check-deb.sh target/debian/edra_0.1.0-1_amd64.deb
 set -euo pipefail
@@ -59,6 +59,10 @@ for m in deviceclasses.yaml deviceclasses-v1beta1.yaml daemonset.yaml rbac.yaml 
 done
 [ "$(grep -c '^/usr/share/edra/manifests/examples/.*\.yaml$' "$work/files")" -ge 5 ] ||
 	fail "fewer than 5 example manifests"
+# The dashboard and the alert rules with their tests (docs/monitoring.md).
+for m in edra-dashboard.json edra-alerts.yaml edra-alerts.test.yaml; do
+	has_file "/usr/share/edra/monitoring/$m" || fail "monitoring file $m is missing"
+done
 for d in README.md operations.md building.md configuration.md; do
 	has_file "/usr/share/doc/edra/$d" || fail "doc $d is missing"
 done

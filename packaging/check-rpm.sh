@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks the contents of an edra .rpm (needs the rpm tool): the binary, the systemd unit,
-# the configuration files marked %config(noreplace), the manifests, the docs, a glibc
-# requirement, and scriptlets that neither enable nor start the unit on install but
-# restart it on upgrade. Exits 1 listing every problem.
+# the configuration files marked %config(noreplace), the manifests, the dashboard and
+# alert rules, the docs, a glibc requirement, and scriptlets that neither enable nor start
+# the unit on install but restart it on upgrade. Exits 1 listing every problem.
 #
 #   packaging/check-rpm.sh target/generate-rpm/edra-0.1.0-1.x86_64.rpm
 set -euo pipefail
@@ -48,6 +48,10 @@ for m in deviceclasses.yaml deviceclasses-v1beta1.yaml daemonset.yaml rbac.yaml 
 done
 [ "$(grep -c ' /usr/share/edra/manifests/examples/.*\.yaml$' "$work/files")" -ge 5 ] ||
 	fail "fewer than 5 example manifests"
+# The dashboard and the alert rules with their tests (docs/monitoring.md).
+for m in edra-dashboard.json edra-alerts.yaml edra-alerts.test.yaml; do
+	has_file "/usr/share/edra/monitoring/$m" || fail "monitoring file $m is missing"
+done
 for d in README.md operations.md building.md configuration.md; do
 	line_for "/usr/share/doc/edra/$d" | grep -q '^d' || fail "doc $d is missing or not %doc"
 done

@@ -75,6 +75,20 @@ pub enum Command {
     Version,
     /// OCI hooks run by container runtimes through edra's CDI specs.
     Hook(HookArgs),
+    /// Copy this binary to DEST for the container runtime to run edra's hooks from.
+    ///
+    /// For the DaemonSet's init container: the runtime runs the hooks on the host, so the
+    /// binary must be on a host path (cdi.hook_binary). Written under a temporary name and
+    /// renamed, mode 0755; left alone when DEST already holds the same bytes.
+    InstallHook(InstallHookArgs),
+}
+
+/// `edra install-hook DEST`.
+#[derive(Debug, Args, Clone)]
+pub struct InstallHookArgs {
+    /// Where to put the binary, e.g. /var/lib/edra/bin/edra (absolute).
+    #[arg(value_name = "DEST")]
+    pub dest: PathBuf,
 }
 
 /// `edra hook ...`.
@@ -384,6 +398,7 @@ impl Cli {
         let command = match &self.command {
             Command::Hook(h) => format!("hook {}", h.command.name()),
             Command::Version => "version".to_string(),
+            Command::InstallHook(_) => "install-hook".to_string(),
             Command::Run(_)
             | Command::Inventory(_)
             | Command::Doctor(_)
@@ -424,7 +439,7 @@ impl Cli {
             Command::Doctor(args) => args.run.overrides(&mut overrides),
             Command::Selftest(args) => args.node.overrides(&mut overrides),
             Command::Status(_) => {}
-            Command::Version | Command::Hook(_) => {}
+            Command::Version | Command::Hook(_) | Command::InstallHook(_) => {}
         }
         Ok(LoadContext::from_process(self.global.config.clone(), overrides))
     }

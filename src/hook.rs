@@ -1,5 +1,6 @@
 //! The OCI hooks edra's CDI specs call: `edra hook update-ldcache`, `create-symlinks`
-//! ([`symlinks`]) and `disable-device-node-modification` ([`device_params`]).
+//! ([`symlinks`]) and `disable-device-node-modification` ([`device_params`]); and
+//! `edra install-hook` ([`install`]), which puts the binary where the runtime runs them from.
 //!
 //! A container runtime runs each hook as a `createContainer` hook with the container's
 //! state JSON on stdin; this module reads it ([`read_state`]) for all hooks. The hook finds
@@ -30,6 +31,7 @@ use serde::Deserialize;
 use crate::cli::HookCommand;
 
 pub mod device_params;
+pub mod install;
 pub mod memory_limit;
 pub mod symlinks;
 

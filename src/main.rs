@@ -38,6 +38,9 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Command::InstallHook(args) = &cli.command {
+        return install_hook(&args.dest);
+    }
     let ctx = match cli.load_context() {
         Ok(ctx) => ctx,
         Err(errors) => return config_failure(errors),
@@ -55,7 +58,7 @@ fn main() -> ExitCode {
         Command::Doctor(args) => return doctor(&config, args.output),
         Command::Selftest(args) => return selftest(&config, args),
         Command::Status(args) => return status(&config, &args),
-        Command::Version | Command::Hook(_) => unreachable!("handled above"),
+        Command::Version | Command::Hook(_) | Command::InstallHook(_) => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -66,6 +69,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `edra install-hook DEST`: no configuration, one line saying what was done.
+fn install_hook(dest: &std::path::Path) -> ExitCode {
+    use edra::hook::install::{Installed, install};
+    match install(dest) {
+        Ok(Installed::Copied { bytes }) => {
+            println!("edra install-hook: copied edra ({bytes} bytes) to {}", dest.display())
+        }
+        Ok(Installed::Unchanged { bytes }) => {
+            println!("edra install-hook: {} is already this edra ({bytes} bytes)", dest.display())
+        }
+        Err(e) => {
+            eprintln!("edra install-hook: {}", edra::util::error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// Writes why edra stops to stderr; under systemd's journal each line carries priority 3

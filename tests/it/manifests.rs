@@ -59,15 +59,22 @@ fn docs() -> Vec<Doc> {
     for file in files {
         let text = std::fs::read_to_string(&file).expect("read manifest");
         let rel = file.strip_prefix(&root).expect("under config").display().to_string();
-        for (i, de) in yaml_serde::Deserializer::from_str(&text).enumerate() {
-            let yaml: yaml_serde::Value =
-                serde::Deserialize::deserialize(de).unwrap_or_else(|e| panic!("{rel}: document {i}: {e}"));
-            if yaml.is_null() {
-                continue;
-            }
-            let value = serde_json::to_value(&yaml).unwrap_or_else(|e| panic!("{rel}: document {i}: {e}"));
-            out.push(Doc { at: format!("{rel}#{i}"), value });
+        out.extend(parse_docs(&rel, &text));
+    }
+    out
+}
+
+/// The non-empty documents of the YAML `text` of file `rel`.
+fn parse_docs(rel: &str, text: &str) -> Vec<Doc> {
+    let mut out = Vec::new();
+    for (i, de) in yaml_serde::Deserializer::from_str(text).enumerate() {
+        let yaml: yaml_serde::Value =
+            serde::Deserialize::deserialize(de).unwrap_or_else(|e| panic!("{rel}: document {i}: {e}"));
+        if yaml.is_null() {
+            continue;
         }
+        let value = serde_json::to_value(&yaml).unwrap_or_else(|e| panic!("{rel}: document {i}: {e}"));
+        out.push(Doc { at: format!("{rel}#{i}"), value });
     }
     out
 }
@@ -138,25 +145,7 @@ fn every_document_is_a_known_kind_without_unknown_fields() {
             assert!(namespaced, "{}: a {kind} has no namespace", doc.at);
             assert!(ns.as_str().is_some_and(is_dns_label), "{}: bad namespace {ns}", doc.at);
         }
-        match (api_version, kind) {
-            ("v1", "Namespace") => drop(typed::<core::Namespace>(doc)),
-            ("v1", "ServiceAccount") => drop(typed::<core::ServiceAccount>(doc)),
-            ("v1", "Pod") => drop(typed::<core::Pod>(doc)),
-            ("apps/v1", "DaemonSet") => drop(typed::<apps::DaemonSet>(doc)),
-            ("rbac.authorization.k8s.io/v1", "ClusterRole") => drop(typed::<rbac::ClusterRole>(doc)),
-            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => drop(typed::<rbac::ClusterRoleBinding>(doc)),
-            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
-                drop(typed::<admission::ValidatingAdmissionPolicy>(doc))
-            }
-            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
-                drop(typed::<admission::ValidatingAdmissionPolicyBinding>(doc))
-            }
-            ("resource.k8s.io/v1", "DeviceClass") => drop(typed::<resource::DeviceClass>(doc)),
-            ("resource.k8s.io/v1beta1", "DeviceClass") => drop(typed::<resource_beta::DeviceClass>(doc)),
-            ("resource.k8s.io/v1", "ResourceClaim") => drop(typed::<resource::ResourceClaim>(doc)),
-            ("resource.k8s.io/v1", "ResourceClaimTemplate") => drop(typed::<resource::ResourceClaimTemplate>(doc)),
-            other => panic!("{}: no checks for {other:?}; add them to this test", doc.at),
-        }
+        check_typed(doc);
     }
     let have = |api: &str, kind: &str| seen.get(&(api.to_string(), kind.to_string())).copied().unwrap_or(0);
     assert_eq!(have("resource.k8s.io/v1", "DeviceClass"), 2);
@@ -169,6 +158,30 @@ fn every_document_is_a_known_kind_without_unknown_fields() {
     assert!(
         have("resource.k8s.io/v1", "ResourceClaim") >= 2 && have("resource.k8s.io/v1", "ResourceClaimTemplate") >= 3
     );
+}
+
+/// Parses `doc` as the API type its apiVersion and kind name ([`typed`]).
+fn check_typed(doc: &Doc) {
+    let (api_version, kind) = doc.kind();
+    match (api_version, kind) {
+        ("v1", "Namespace") => drop(typed::<core::Namespace>(doc)),
+        ("v1", "ServiceAccount") => drop(typed::<core::ServiceAccount>(doc)),
+        ("v1", "Pod") => drop(typed::<core::Pod>(doc)),
+        ("apps/v1", "DaemonSet") => drop(typed::<apps::DaemonSet>(doc)),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => drop(typed::<rbac::ClusterRole>(doc)),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => drop(typed::<rbac::ClusterRoleBinding>(doc)),
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+            drop(typed::<admission::ValidatingAdmissionPolicy>(doc))
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+            drop(typed::<admission::ValidatingAdmissionPolicyBinding>(doc))
+        }
+        ("resource.k8s.io/v1", "DeviceClass") => drop(typed::<resource::DeviceClass>(doc)),
+        ("resource.k8s.io/v1beta1", "DeviceClass") => drop(typed::<resource_beta::DeviceClass>(doc)),
+        ("resource.k8s.io/v1", "ResourceClaim") => drop(typed::<resource::ResourceClaim>(doc)),
+        ("resource.k8s.io/v1", "ResourceClaimTemplate") => drop(typed::<resource::ResourceClaimTemplate>(doc)),
+        other => panic!("{}: no checks for {other:?}; add them to this test", doc.at),
+    }
 }
 
 /// The device types and attribute names a mock node with MIG publishes.
@@ -376,6 +389,9 @@ fn pods_use_claims_that_exist() {
 
 #[path = "manifests_daemonset.rs"]
 mod daemonset;
+
+#[path = "manifests_k3s.rs"]
+mod k3s;
 
 /// The diagnostics example tolerates exactly the fatal health taints edra sets.
 #[test]

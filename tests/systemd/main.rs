@@ -6,7 +6,10 @@
 //!
 //! Without `EDRA_SYSTEMD_TEST_DIR` it does nothing (a plain `cargo test` runs it). With it,
 //! the kubelet's root is `<work dir>/kubelet`; it writes `<work dir>/kubeconfig` (this
-//! node's credentials, certificates embedded),
+//! node's credentials, certificates embedded) and, for the DaemonSet's container
+//! (`.ci/daemonset-test`), `<work dir>/serviceaccount/` (`token`, `ca.crt`, `namespace` of
+//! the service account edra-system/edra, as the kubelet mounts them) and
+//! `<work dir>/apiserver-port`,
 //! prints `ready`, then answers one line per command read from stdin, `ok ...` or
 //! `fail <why>`:
 //!
@@ -94,6 +97,7 @@ async fn main() {
     let site = Site::new(Options::default(), SiteSettings { gpus: 2, ..SiteSettings::default() }).await;
     let kubeconfig = site.server.write_kubeconfig(site.dir.path(), &Identity::node(NODE)).expect("kubeconfig");
     std::fs::copy(&kubeconfig, work.join("kubeconfig")).expect("copy the kubeconfig");
+    service_account(&site, &work);
     let mut k = Kubelet {
         site,
         registry: kubelet.join(REGISTRY_SOCKET),
@@ -136,6 +140,21 @@ async fn main() {
             Err(e) => println!("fail {}", e.replace('\n', " | ")),
         }
     }
+}
+
+/// The DaemonSet's credentials: a token of the service account edra-system/edra (the
+/// test API server knows no pod-bound tokens, so no node name rides with it) and the CA, in
+/// `<work>/serviceaccount/`; the API server's port in `<work>/apiserver-port`.
+fn service_account(site: &Site, work: &Path) {
+    let dir = work.join("serviceaccount");
+    std::fs::create_dir_all(&dir).expect("create serviceaccount/");
+    let token = format!("edra-daemonset-test-{}", std::process::id());
+    let groups = ["system:serviceaccounts", "system:serviceaccounts:edra-system", "system:authenticated"];
+    site.server.add_token(&token, "system:serviceaccount:edra-system:edra", &groups);
+    for (name, text) in [("token", token), ("ca.crt", site.server.ca_pem()), ("namespace", "edra-system".to_string())] {
+        std::fs::write(dir.join(name), text).expect("write a service account file");
+    }
+    std::fs::write(work.join("apiserver-port"), site.server.addr().port().to_string()).expect("write apiserver-port");
 }
 
 /// GetInfo and NotifyRegistrationStatus on the registration socket, as the kubelet sends
