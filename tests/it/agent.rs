@@ -10,6 +10,7 @@ mod crash_release;
 mod diskfull;
 mod exits;
 mod health;
+mod jetson;
 mod kept_sockets;
 mod logs;
 mod memory_limit_sums;

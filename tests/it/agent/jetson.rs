@@ -1,0 +1,134 @@
+//! A Jetson served end to end without hardware: a fake AGX Orin (device tree, SoC family,
+//! L4T release, CSV lists naming files of the fake root; device nodes made with mknod when
+//! the test is root) found by the tegra backend, its integrated GPU published to the test
+//! API server (which validates slices), prepared over the kubelet's gRPC API into a CDI
+//! spec built from the CSV lists, reported unmonitored, and an MPS claim refused with the
+//! reason.
+
+use serde_json::{Value, json};
+
+use crate::support::agent::{Agent, Cluster, DRIVER, NODE, device_names, prepare, prepare_ok, unprepare_ok};
+use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
+use crate::support::tegra;
+
+/// A cluster whose node n1 is a fake Orin, with the agent's configuration for it.
+fn jetson(cluster: &Cluster) -> (edra::config::Config, tegra::FakeJetson) {
+    let fs = cluster.fs();
+    // A Jetson has none of a discrete driver's control nodes.
+    for node in ["nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia2", "nvidia3"] {
+        std::fs::remove_file(fs.root.join("dev").join(node)).expect("rm a discrete node");
+    }
+    let fake = tegra::make(&fs.root, &[("libcuda.so.1.1", b"cuda"), ("libnvrm_gpu.so", b"nvrm")]);
+    let mut config = cluster.config(NODE);
+    config.backend = edra::config::BackendKind::Auto;
+    config.nvml.library = "libnvidia-ml-absent-for-tests.so.1".into();
+    (config, fake)
+}
+
+fn device(slices: &[Value], name: &str) -> Value {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .find(|d| d["name"] == name)
+        .expect("the device is published")
+}
+
+fn gpu_config(sharing: Value) -> Value {
+    json!({"apiVersion": format!("{DRIVER}/v1alpha1"), "kind": "GpuConfig", "sharing": sharing})
+}
+
+#[tokio::test]
+async fn a_fake_orin_is_published_prepared_from_its_csv_lists_and_reported_unmonitored() {
+    let cluster = Cluster::start().await;
+    let (config, fake) = jetson(&cluster);
+    let fs = cluster.fs();
+    let agent = Agent::start(fs.clone(), config).await;
+    cluster.wait_published(NODE, 1).await;
+    let slices = cluster.slices_on(NODE);
+    assert_eq!(device_names(&slices), ["gpu-0"]);
+    let gpu = device(&slices, "gpu-0");
+    let attrs = &gpu["attributes"];
+    assert_eq!(attrs["integrated"], json!({"bool": true}));
+    assert_eq!(attrs["type"], json!({"string": "gpu"}));
+    assert_eq!(attrs["model"], json!({"string": tegra::MODEL}));
+    assert_eq!(attrs["soc"], json!({"string": "tegra234"}));
+    assert_eq!(attrs["architecture"], json!({"string": "Ampere"}));
+    assert_eq!(attrs["cudaComputeCapability"], json!({"version": "8.7.0"}));
+    assert_eq!(attrs["l4tRelease"], json!({"version": "36.4.3"}));
+    assert_eq!(attrs["jetpackMajor"], json!({"int": 6}));
+    assert_eq!(gpu["capacity"]["memory"]["value"], json!(edra::util::quantity(tegra::MEM_KB * 1024)));
+    // No XID source: the device is tainted unmonitored (effect None), never called healthy.
+    cluster
+        .server
+        .wait_for("gpu-0 tainted unmonitored", crate::support::agent::WAIT, |s| {
+            let d = device(&s.slices_on(NODE), "gpu-0");
+            d["taints"].as_array().is_some_and(|t| t.iter().any(|t| t["key"] == format!("{DRIVER}/unmonitored")))
+        })
+        .await
+        .expect("the unmonitored taint");
+
+    let claim = cluster.allocated_claim("jetson", "gpu-0");
+    let mut v1 = agent.v1().await;
+    prepare_ok(&mut v1, &claim).await;
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(fs.spec_file(&claim.uid)).expect("the spec")).expect("JSON");
+    let edits = &spec["containerEdits"];
+    let nodes: Vec<&str> =
+        edits["deviceNodes"].as_array().into_iter().flatten().filter_map(|n| n["path"].as_str()).collect();
+    if fake.nodes {
+        assert_eq!(nodes, ["/dev/nvmap", "/dev/nvhost-ctrl-gpu", "/dev/nvgpu/igpu0/ctrl"]);
+    } else {
+        assert!(nodes.is_empty(), "{nodes:?}");
+        eprintln!("skipped the device-node part: mknod needs root");
+    }
+    let mounts: Vec<&str> =
+        edits["mounts"].as_array().expect("mounts").iter().filter_map(|m| m["containerPath"].as_str()).collect();
+    let lib = format!("/{}", tegra::LIB_DIR);
+    assert_eq!(mounts, [format!("{lib}/libcuda.so.1.1"), format!("{lib}/libnvrm_gpu.so"), "/usr/share/nvidia".into()]);
+    let hooks: Vec<&str> =
+        edits["hooks"].as_array().expect("hooks").iter().filter_map(|h| h["args"][2].as_str()).collect();
+    assert_eq!(hooks, ["create-symlinks", "update-ldcache"]);
+    unprepare_ok(&mut v1, &claim).await;
+    assert!(!fs.spec_file(&claim.uid).exists());
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn mps_is_refused_on_a_jetson_with_the_reason_and_time_slicing_changes_nothing() {
+    let cluster = Cluster::start().await;
+    let (config, _fake) = jetson(&cluster);
+    let agent = Agent::start(cluster.fs(), config).await;
+    cluster.wait_published(NODE, 1).await;
+    let mps = cluster.put_claim(
+        ClaimBuilder::new("default", "mps")
+            .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-0"))
+            .opaque_config("FromClaim", &[], DRIVER, gpu_config(json!({"strategy": "MPS"}))),
+    );
+    let mut v1 = agent.v1().await;
+    let answer = prepare(&mut v1, std::slice::from_ref(&mps)).await.expect("NodePrepareResources");
+    let error = &answer[&mps.uid].error;
+    assert!(error.contains("asks for MPS on gpu-0, a Jetson's integrated GPU"), "{error}");
+    assert!(error.contains("EXCLUSIVE_PROCESS") && error.contains("CUDA 12.5"), "{error}");
+    assert!(!cluster.fs().spec_file(&mps.uid).exists());
+
+    let sliced = cluster.put_claim(
+        ClaimBuilder::new("default", "sliced")
+            .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-0"))
+            .opaque_config("FromClaim", &[], DRIVER, gpu_config(json!({"strategy": "TimeSlicing"}))),
+    );
+    prepare_ok(&mut v1, &sliced).await;
+    assert!(cluster.fs().nvidia_smi().calls().is_empty(), "nothing to set on a Jetson");
+    let long = cluster.put_claim(
+        ClaimBuilder::new("default", "long")
+            .allocated(AllocatedDevice::new("gpu", DRIVER, NODE, "gpu-0"))
+            .opaque_config(
+                "FromClaim",
+                &[],
+                DRIVER,
+                gpu_config(json!({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})),
+            ),
+    );
+    let answer = prepare(&mut v1, std::slice::from_ref(&long)).await.expect("NodePrepareResources");
+    assert!(answer[&long.uid].error.contains("no compute policy"), "{}", answer[&long.uid].error);
+    agent.stop().await;
+}
