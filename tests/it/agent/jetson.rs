@@ -3,11 +3,15 @@
 //! the test is root) found by the tegra backend, its integrated GPU published to the test
 //! API server (which validates slices), prepared over the kubelet's gRPC API into a CDI
 //! spec built from the CSV lists, reported unmonitored, and an MPS claim refused with the
-//! reason.
+//! reason; `edra inventory` and `edra status` (the real binary) show the integrated GPU.
+
+use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::support::agent::{Agent, Cluster, DRIVER, NODE, device_names, prepare, prepare_ok, unprepare_ok};
+use crate::support::agent::{
+    Agent, ChildAgent, Cluster, DRIVER, NODE, WAIT, device_names, prepare, prepare_ok, unprepare_ok,
+};
 use crate::support::apiserver::{AllocatedDevice, ClaimBuilder};
 use crate::support::tegra;
 
@@ -60,7 +64,7 @@ async fn a_fake_orin_is_published_prepared_from_its_csv_lists_and_reported_unmon
     // No XID source: the device is tainted unmonitored (effect None), never called healthy.
     cluster
         .server
-        .wait_for("gpu-0 tainted unmonitored", crate::support::agent::WAIT, |s| {
+        .wait_for("gpu-0 tainted unmonitored", WAIT, |s| {
             let d = device(&s.slices_on(NODE), "gpu-0");
             d["taints"].as_array().is_some_and(|t| t.iter().any(|t| t["key"] == format!("{DRIVER}/unmonitored")))
         })
@@ -131,4 +135,45 @@ async fn mps_is_refused_on_a_jetson_with_the_reason_and_time_slicing_changes_not
     let answer = prepare(&mut v1, std::slice::from_ref(&long)).await.expect("NodePrepareResources");
     assert!(answer[&long.uid].error.contains("no compute policy"), "{}", answer[&long.uid].error);
     agent.stop().await;
+}
+
+#[tokio::test]
+async fn edra_inventory_and_status_show_the_integrated_gpu() {
+    let cluster = Cluster::start().await;
+    let (_config, _fake) = jetson(&cluster);
+    let file = cluster.config_file(NODE);
+    let text = std::fs::read_to_string(&file).expect("the configuration");
+    let text = text
+        .replace("backend = \"mock\"", "backend = \"auto\"\n[nvml]\nlibrary = \"libnvidia-ml-absent-for-tests.so.1\"");
+    std::fs::write(&file, text).expect("write the configuration");
+    let out = Command::new(env!("CARGO_BIN_EXE_edra"))
+        .env_clear()
+        .args(["--config".as_ref(), file.as_os_str(), "inventory".as_ref()])
+        .output()
+        .expect("run edra inventory");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(shown.contains("tegra234") && shown.contains("integrated"), "{shown}");
+    let agent = ChildAgent::start_configured(&cluster, &file, "", &[]).await;
+    let started = std::time::Instant::now();
+    let gpu = loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_edra"))
+            .env_clear()
+            .args(["--config".as_ref(), file.as_os_str(), "status".as_ref(), "-o".as_ref(), "json".as_ref()])
+            .output()
+            .expect("run edra status");
+        let view: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let gpu = view["gpus"].as_array().and_then(|g| g.first().cloned()).unwrap_or(Value::Null);
+        if gpu["health"] == "unknown" {
+            break gpu;
+        }
+        assert!(started.elapsed() < WAIT, "status never showed the GPU unmonitored: {view:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(gpu["compute_mode"], "integrated", "{gpu:#}");
+    assert_eq!(gpu["product"], format!("Orin (integrated, {})", tegra::MODEL), "{gpu:#}");
+    let condition = &gpu["conditions"][0];
+    assert_eq!(condition["kind"], "unmonitored", "{gpu:#}");
+    assert!(condition["message"].as_str().is_some_and(|m| m.contains("no XID event source")), "{gpu:#}");
+    agent.terminate().await;
 }
