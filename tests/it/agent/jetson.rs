@@ -3,7 +3,8 @@
 //! the test is root) found by the tegra backend, its integrated GPU published to the test
 //! API server (which validates slices), prepared over the kubelet's gRPC API into a CDI
 //! spec built from the CSV lists, reported unmonitored, and an MPS claim refused with the
-//! reason; `edra inventory` and `edra status` (the real binary) show the integrated GPU.
+//! reason; `edra inventory`, `edra selftest` and `edra status` (the real binary) show the
+//! integrated GPU.
 
 use std::process::Command;
 
@@ -138,7 +139,7 @@ async fn mps_is_refused_on_a_jetson_with_the_reason_and_time_slicing_changes_not
 }
 
 #[tokio::test]
-async fn edra_inventory_and_status_show_the_integrated_gpu() {
+async fn edra_inventory_selftest_and_status_show_the_integrated_gpu() {
     let cluster = Cluster::start().await;
     let (_config, _fake) = jetson(&cluster);
     let file = cluster.config_file(NODE);
@@ -154,6 +155,21 @@ async fn edra_inventory_and_status_show_the_integrated_gpu() {
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(shown.contains("tegra234") && shown.contains("integrated"), "{shown}");
+    let out = Command::new(env!("CARGO_BIN_EXE_edra"))
+        .env_clear()
+        .args(["--config".as_ref(), file.as_os_str(), "selftest".as_ref(), "-o".as_ref(), "json".as_ref()])
+        .output()
+        .expect("run edra selftest");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("the selftest report is JSON");
+    let check = |name: &str| {
+        report["checks"].as_array().into_iter().flatten().find(|c| c["name"] == name).cloned().unwrap_or(Value::Null)
+    };
+    assert_eq!(report["backend"], "tegra", "{report:#}");
+    assert_eq!(check("driver-files")["status"], "pass", "{report:#}");
+    assert_eq!(check("health-events")["status"], "warn", "{report:#}");
+    assert_eq!(check("prepare-gpu")["status"], "pass", "{report:#}");
+    assert_eq!(check("mps")["status"], "skip", "{report:#}");
+    assert!(check("mps")["detail"].as_str().is_some_and(|d| d.contains("EXCLUSIVE_PROCESS")), "{report:#}");
     let agent = ChildAgent::start_configured(&cluster, &file, "", &[]).await;
     let started = std::time::Instant::now();
     let gpu = loop {
