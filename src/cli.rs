@@ -323,12 +323,14 @@ pub enum OutputArg {
 /// `--backend` values.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum BackendArg {
-    /// NVML, or a clear error when it cannot be loaded.
+    /// Tegra on a Jetson, otherwise NVML, or a clear error when it cannot be loaded.
     Auto,
     /// NVIDIA's management library.
     Nvml,
     /// Described in configuration; no hardware needed.
     Mock,
+    /// The integrated GPU of an NVIDIA Jetson (Tegra).
+    Tegra,
 }
 
 impl GlobalArgs {
@@ -363,6 +365,7 @@ impl NodeArgs {
                 BackendArg::Auto => "auto",
                 BackendArg::Nvml => "nvml",
                 BackendArg::Mock => "mock",
+                BackendArg::Tegra => "tegra",
             };
             out.push("backend", v, "--backend");
         }

@@ -135,6 +135,42 @@ pub fn write_atomically(
     })
 }
 
+/// The contents of the regular file `path`, opened without following a link at its last
+/// component, when it holds at most `max` bytes: a link, a folder, a device or a longer file
+/// is an error saying which (`InvalidData`), so text others could plant or grow is never
+/// read whole.
+pub fn read_small_file(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} is a symbolic link; edra does not follow it", path.display()),
+            ),
+            _ => e,
+        })?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    let mut out = Vec::new();
+    f.take(max.saturating_add(1)).read_to_end(&mut out)?;
+    if u64::try_from(out.len()).unwrap_or(u64::MAX) > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is larger than {max} bytes", path.display()),
+        ));
+    }
+    Ok(out)
+}
+
 /// Gives the directory `dir` permissions `mode` through a descriptor opened without
 /// following a link, so a link planted at `dir` fails instead of changing the mode of
 /// whatever it points at.

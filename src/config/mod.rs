@@ -29,21 +29,26 @@ pub const DEFAULT_DRIVER_NAME: &str = "gpu.edra.dev";
 /// Which device backend discovers GPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
-    /// NVML when the library loads, otherwise a clear error (never a silent mock).
+    /// The Tegra backend on a Jetson (detected from the platform's files), otherwise NVML
+    /// when the library loads, otherwise a clear error (never a silent mock).
     Auto,
     /// NVIDIA's management library.
     Nvml,
     /// GPUs described in the `[mock]` section; no hardware needed.
     Mock,
+    /// The integrated GPU of an NVIDIA Jetson (Tegra), from the platform's files; NVML
+    /// where it answers.
+    Tegra,
 }
 
 impl BackendKind {
-    /// The name the configuration gives it: `auto`, `nvml` or `mock`.
+    /// The name the configuration gives it: `auto`, `nvml`, `mock` or `tegra`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",
             Self::Nvml => "nvml",
             Self::Mock => "mock",
+            Self::Tegra => "tegra",
         }
     }
 
@@ -52,7 +57,8 @@ impl BackendKind {
             "auto" => Ok(Self::Auto),
             "nvml" => Ok(Self::Nvml),
             "mock" => Ok(Self::Mock),
-            other => Err(format!("expected auto, nvml or mock, found {other:?}")),
+            "tegra" => Ok(Self::Tegra),
+            other => Err(format!("expected auto, nvml, mock or tegra, found {other:?}")),
         }
     }
 }

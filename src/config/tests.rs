@@ -92,7 +92,7 @@ mig = [{ gpu = 5, profiles = ["1g.10gb"] }]
     let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
     for needle in [
         "driver_name",
-        "backend: expected auto, nvml or mock",
+        "backend: expected auto, nvml, mock or tegra",
         "kubernetes.qps",
         "kubernetes.burst",
         "kubernetes.request_timeout",

@@ -15,7 +15,7 @@ use crate::inventory::{Inventory, backend_from_config};
 /// What the backend check found, for the device node check.
 #[derive(Debug, Clone)]
 pub struct Discovered {
-    /// `nvml` or `mock`.
+    /// `nvml`, `tegra` or `mock`.
     pub backend: &'static str,
     pub inventory: Inventory,
 }
@@ -64,6 +64,19 @@ pub fn backend(cfg: &Config) -> (CheckResult, Option<Discovered>) {
             format!("mock backend in use: {count} mock devices (driver {driver} as configured); no real GPU is used"),
             "on a GPU node use --backend auto (or backend = \"nvml\")",
         )
+    } else if name == "tegra" {
+        let gpu = inventory.devices.first();
+        let text = |k: &str| gpu.map(|g| g.text(k)).filter(|t| !t.is_empty()).unwrap_or_else(|| "unknown".into());
+        let nvml = if inventory.driver_version.is_some() { format!("NVML driver {driver}") } else { "no NVML".into() };
+        CheckResult::pass(
+            NAME,
+            format!(
+                "Jetson {} ({}, L4T {}): 1 integrated GPU, {nvml}; memory is the system's RAM, shared with the CPU",
+                text("model"),
+                text("soc"),
+                text("l4tRelease")
+            ),
+        )
     } else if count == 0 {
         CheckResult::new(
             NAME,
@@ -83,6 +96,9 @@ pub fn device_nodes(cfg: &Config, discovered: Option<&Discovered>) -> CheckResul
     let Some(d) = discovered else {
         return CheckResult::skip(NAME, "no devices were discovered (see the backend check)");
     };
+    if d.backend == "tegra" {
+        return CheckResult::skip(NAME, "a Jetson's device nodes come from its CSV lists (see the jetson check)");
+    }
     let mock = d.backend == "mock";
     let mut missing = Vec::new();
     let mut not_char = Vec::new();

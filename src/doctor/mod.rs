@@ -2,8 +2,8 @@
 //!
 //! Each check is a function returning a [`CheckResult`] (pass, warn, fail or skip, a
 //! one-line detail and a one-line fix); every path it looks at comes from the
-//! configuration. Host checks ([`host`], [`runtime`], [`state`], [`mps`], [`gpu_health`],
-//! [`metrics_port`]) read the filesystem and
+//! configuration. Host checks ([`host`], [`jetson`], [`runtime`], [`state`], [`mps`],
+//! [`gpu_health`], [`metrics_port`]) read the filesystem and
 //! the device backend; cluster checks ([`cluster`]) talk to the API server, each bounded by
 //! [`NETWORK_TIMEOUT`] so the doctor never hangs. Nothing here changes the node or the
 //! cluster, except that opening an idle state database takes (and releases) its lock and
@@ -16,6 +16,7 @@ pub mod claim_status;
 pub mod cluster;
 pub mod gpu_health;
 pub mod host;
+pub mod jetson;
 pub mod memory_limit;
 pub mod metrics_port;
 pub mod mps;
@@ -131,6 +132,7 @@ pub async fn run(cfg: &Config) -> Report {
     let (backend, discovered) = host::backend(cfg);
     checks.push(backend);
     checks.push(host::device_nodes(cfg, discovered.as_ref()));
+    checks.push(jetson::check(cfg, discovered.as_ref()));
     checks.push(host::kubelet_dirs(&cfg.paths));
     checks.push(host::cdi_dirs(&cfg.paths, &cfg.driver_name));
     checks.push(host::dir_modes(&cfg.paths, &cfg.driver_name));

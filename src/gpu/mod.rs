@@ -87,6 +87,16 @@ pub enum GpuError {
         /// The bound.
         seconds: u64,
     },
+    /// The GPU has no such setting (a Jetson's integrated GPU has no compute modes).
+    #[error("GPU {uuid} cannot {what}: {why}")]
+    Unsupported {
+        /// The GPU's UUID.
+        uuid: String,
+        /// What was asked, e.g. `set the compute mode to ExclusiveProcess`.
+        what: String,
+        /// Why the platform cannot.
+        why: &'static str,
+    },
 }
 
 /// Reads and sets GPUs' compute modes. Implemented by the device backends; the mock keeps

@@ -27,22 +27,43 @@ pub use monitor::{HealthMonitor, HealthSettings};
 pub use source::{HealthBackend, MockHealth};
 pub use view::{Condition, ConditionKind, GpuHealth};
 
+/// Why a Jetson's integrated GPU other than Thor's is not watched.
+pub const NO_TEGRA_EVENTS: &str = "a Jetson's integrated GPU (Orin and older) has no XID event source: \
+     its health is not monitored";
+
 /// Where health events come from for the device backend called `backend`: the mock's
 /// events file, or NVML's event API on an instance of its own (the library is
 /// reference-counted by the driver); when NVML cannot be loaded, nothing is watched and
-/// every GPU is reported as not monitored, with the reason.
+/// every GPU is reported as not monitored, with the reason. On a Jetson (`tegra`) NVML's
+/// events are used only on Thor, whose open kernel driver has them; Orin has none, so
+/// its GPU is reported as not monitored ([`NO_TEGRA_EVENTS`]), never as healthy.
 pub fn backend_for(config: &crate::config::Config, backend: &str) -> std::sync::Arc<dyn HealthBackend> {
     use std::sync::Arc;
     if backend == "mock" {
         return Arc::new(MockHealth::new(&config.node_name, config.mock.gpus, config.mock.events_file.clone()));
     }
-    match crate::inventory::nvml::NvmlBackend::load(config) {
+    let loaded = crate::inventory::nvml::NvmlBackend::load(config);
+    if backend == "tegra" {
+        return match loaded {
+            Ok(nvml) if names_thor(&nvml) => Arc::new(nvml::NvmlHealth::new(nvml)),
+            _ => Arc::new(source::Unwatched { reason: NO_TEGRA_EVENTS.into() }),
+        };
+    }
+    match loaded {
         Ok(nvml) => Arc::new(nvml::NvmlHealth::new(nvml)),
         Err(e) => {
             let reason = format!("NVML could not be loaded for events: {}", crate::util::error_chain(&e));
             Arc::new(source::Unwatched { reason })
         }
     }
+}
+
+/// Whether NVML lists a Thor GPU.
+fn names_thor(nvml: &crate::inventory::nvml::NvmlBackend) -> bool {
+    let n = nvml.nvml();
+    (0..n.device_count().unwrap_or(0).min(16))
+        .filter_map(|i| n.device_by_index(i).ok()?.name().ok())
+        .any(|name| name.contains("NVIDIA Thor"))
 }
 
 /// The GPUs' health as the monitor last published it.

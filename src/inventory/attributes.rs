@@ -232,6 +232,21 @@ pub fn mig_memory_gb(parent_total_bytes: u64, mig_memory_mib: u64) -> u64 {
     (fraction * total_gb).round() as u64
 }
 
+/// A UUID-shaped hex text (8-4-4-4-12) derived from `seed` with FNV-1a, for devices
+/// whose hardware gives no UUID (the mock's, a Jetson's integrated GPU without NVML).
+pub fn uuid_text(seed: &str) -> String {
+    // FNV-1a, then the splitmix64 finaliser so near-identical seeds give unrelated bits.
+    let hash = |basis: u64| {
+        let mut z = seed.bytes().fold(basis, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let v = (u128::from(hash(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(hash(0x6c62_272e_07bb_0142));
+    let h = format!("{v:032x}");
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
 /// Whether `s` is a QualifiedName: a C identifier of at most 32 characters, optionally
 /// prefixed by `<domain>/` where the domain is a DNS subdomain of at most 63 characters.
 pub fn is_qualified_name(s: &str) -> bool {

@@ -246,7 +246,7 @@ fn mig_layout(gpu: &GpuFacts, profiles: &[String], node: &str) -> Result<Vec<Mig
         out.push(MigFacts {
             gi,
             ci: 0,
-            uuid: format!("MIG-{}", uuid_text(&format!("{node}/gpu/{}/gi/{gi}/ci/0", gpu.index))),
+            uuid: format!("MIG-{}", super::attributes::uuid_text(&format!("{node}/gpu/{}/gi/{gi}/ci/0", gpu.index))),
             profile: profile.clone(),
             memory: bytes,
             multiprocessors: c * (gpu.multiprocessors.unwrap_or(0) / MIG_SLICES),
@@ -267,23 +267,9 @@ pub fn ci_cap_minor(gpu_minor: u32, gi: u32, ci: u32) -> u32 {
     gi_cap_minor(gpu_minor, gi) + 1 + ci
 }
 
-/// A UUID-shaped hex text (8-4-4-4-12) derived from `seed` with FNV-1a.
 /// The UUID the mock backend gives GPU `index` of `node` (`GPU-` and a UUID derived from both).
 pub fn gpu_uuid(node: &str, index: u32) -> String {
-    format!("GPU-{}", uuid_text(&format!("{node}/gpu/{index}")))
-}
-
-fn uuid_text(seed: &str) -> String {
-    // FNV-1a, then the splitmix64 finaliser so near-identical seeds give unrelated bits.
-    let hash = |basis: u64| {
-        let mut z = seed.bytes().fold(basis, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let v = (u128::from(hash(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(hash(0x6c62_272e_07bb_0142));
-    let h = format!("{v:032x}");
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!("GPU-{}", super::attributes::uuid_text(&format!("{node}/gpu/{index}")))
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@
 //! attributes and capacity, plus what the prepare path needs to hand them to a container
 //! (device nodes, UUIDs). The publisher and the prepare path share this model.
 //!
-//! Backends: [`nvml::NvmlBackend`] (the real hardware) and [`mock::MockBackend`]
-//! (configured fake GPUs), chosen by [`backend_from_config`]; [`attributes`] holds the
+//! Backends: [`nvml::NvmlBackend`] (the real hardware), [`tegra::TegraBackend`] (a Jetson's
+//! integrated GPU) and [`mock::MockBackend`] (configured fake GPUs), chosen by
+//! [`backend_from_config`]; [`attributes`] holds the
 //! attribute vocabulary and limits both share; `edra inventory`'s report is [`crate::publish::report`].
 
 pub mod attributes;
@@ -14,6 +15,7 @@ pub mod host;
 pub mod mock;
 pub mod nvml;
 pub mod nvml_mig;
+pub mod tegra;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -256,17 +258,33 @@ pub enum InventoryError {
         #[source]
         source: nvml_wrapper::error::NvmlError,
     },
+    /// `backend = "tegra"` on a host that is not a Jetson.
+    #[error(
+        "backend = \"tegra\" but this host is not a Jetson: neither {release} exists nor does {family} name a \
+         Tegra SoC (check paths.driver_root and paths.sys_root, or use backend = \"auto\")"
+    )]
+    NotTegra {
+        /// The L4T release file looked for.
+        release: String,
+        /// The SoC family file looked at.
+        family: String,
+    },
     /// The `[mock]` configuration describes impossible hardware.
     #[error("mock configuration: {0}")]
     Mock(String),
 }
 
-/// The backend `cfg.backend` selects: `nvml`, `mock`, or `auto` (NVML when its library
-/// loads, otherwise [`InventoryError::NoBackend`]; never the mock).
+/// The backend `cfg.backend` selects: `nvml`, `mock`, `tegra`, or `auto` (tegra on a
+/// Jetson, else NVML when its library loads, otherwise [`InventoryError::NoBackend`];
+/// never the mock).
 pub fn backend_from_config(cfg: &Config) -> Result<Box<dyn DeviceBackend>, InventoryError> {
     match cfg.backend {
         BackendKind::Mock => Ok(Box::new(mock::MockBackend::new(cfg))),
         BackendKind::Nvml => Ok(Box::new(nvml::NvmlBackend::load(cfg)?)),
+        BackendKind::Tegra => Ok(Box::new(tegra::TegraBackend::load(cfg)?)),
+        BackendKind::Auto if tegra::platform::detect(&cfg.paths).is_some() => {
+            Ok(Box::new(tegra::TegraBackend::load(cfg)?))
+        }
         BackendKind::Auto => match nvml::NvmlBackend::load(cfg) {
             Ok(b) => Ok(Box::new(b)),
             Err(e) => Err(InventoryError::NoBackend {

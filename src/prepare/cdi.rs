@@ -12,6 +12,9 @@
 //! NVIDIA runtime, if one is configured, from injecting GPUs again. Each device adds
 //! `EDRA_DEVICE_<NAME>_UUID=<uuid>` so tools can tell which GPU they were given.
 //!
+//! A Jetson's spec is built the same way from the files its CSV lists name: their device
+//! nodes join the control nodes, their folders are mounted read-only like libraries.
+//!
 //! Hooks (`createContainer`, all run by the edra binary, in order): `create-symlinks` for
 //! the driver's library links, `update-ldcache` for the library folders, and
 //! `disable-device-node-modification` when the driver may create device nodes. Hooks need
@@ -210,15 +213,27 @@ fn device_node(dev_root: &Path, host: &Path) -> DeviceNode {
     DeviceNode { path, host_path, permissions: Some("rwm".into()) }
 }
 
-/// Builds the spec of claim `uid` for `devices` (distinct devices of the claim).
-pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files: &DriverFiles) -> Spec {
-    let mut common = ContainerEdits { env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()], ..Default::default() };
-    for name in CONTROL_NODES {
-        let host = layout.dev_root.join(name);
-        if host.exists() {
-            common.device_nodes.push(device_node(layout.dev_root, &host));
+/// The device nodes every device of a spec needs: the control nodes that exist, then the
+/// driver files' own (a Jetson's), each once.
+fn common_nodes(dev_root: &Path, files: &DriverFiles) -> Vec<DeviceNode> {
+    let mut nodes: Vec<DeviceNode> = Vec::new();
+    let control = CONTROL_NODES.iter().map(|name| dev_root.join(name)).filter(|host| host.exists());
+    for host in control.chain(files.device_nodes.iter().cloned()) {
+        let node = device_node(dev_root, &host);
+        if !nodes.contains(&node) {
+            nodes.push(node);
         }
     }
+    nodes
+}
+
+/// Builds the spec of claim `uid` for `devices` (distinct devices of the claim).
+pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files: &DriverFiles) -> Spec {
+    let mut common = ContainerEdits {
+        env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()],
+        device_nodes: common_nodes(layout.dev_root, files),
+        ..Default::default()
+    };
     let strip = |p: &Path| -> String {
         match p.strip_prefix(&files.root) {
             Ok(rel) => Path::new("/").join(rel).display().to_string(),
@@ -231,7 +246,7 @@ pub fn build_spec(layout: &SpecLayout<'_>, uid: &str, devices: &[&Device], files
             _ => p.display().to_string(),
         }
     };
-    for host in files.libraries.iter().chain(&files.binaries).chain(&files.firmware) {
+    for host in files.libraries.iter().chain(&files.binaries).chain(&files.firmware).chain(&files.directories) {
         common.mounts.push(Mount {
             host_path: on_host(host),
             container_path: strip(host),

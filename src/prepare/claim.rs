@@ -69,8 +69,14 @@ impl Preparer {
                 devices.push(crate::inventory::Device { name, ..dev.clone() });
             }
         }
-        let files =
-            self.inner.driver_files.get(&s.driver_root, inventory.driver_version.as_deref().unwrap_or_default());
+        // A Jetson's files are those its CSV lists name, read afresh for each spec built.
+        let files = if devices.iter().any(crate::inventory::tegra::is_integrated) {
+            Arc::new(
+                super::driver_files::csv::discover(&s.driver_root, &s.dev_root).map_err(PrepareError::JetsonFiles)?,
+            )
+        } else {
+            self.inner.driver_files.get(&s.driver_root, inventory.driver_version.as_deref().unwrap_or_default())
+        };
         let vendor = s.cdi_vendor();
         let layout = cdi::SpecLayout {
             vendor: &vendor,

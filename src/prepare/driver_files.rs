@@ -10,7 +10,10 @@
 //! `disable-device-node-modification` hook. Paths are host paths (under
 //! the driver root); the CDI spec mounts each at the same path minus the driver root.
 //! Results are cached per driver root and version, since the files only change with a
-//! driver upgrade.
+//! driver upgrade. A Jetson's files are not found this way: its platform lists them in CSV
+//! files ([`csv`]).
+
+pub mod csv;
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -66,7 +69,8 @@ impl Default for HostRoots {
     }
 }
 
-/// A symlink to recreate in the container: `dir/name` → `target` (a file name in `dir`).
+/// A symlink to recreate in the container: `dir/name` → `target` (a file name in `dir`, or
+/// for a link a Jetson's CSV files list, the link's own target text).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LibraryLink {
     /// The folder (host path, one of the library folders).
@@ -99,6 +103,11 @@ pub struct DriverFiles {
     /// The driver may create device nodes (`ModifyDeviceFiles: 1` in its procfs params),
     /// so containers need the `disable-device-node-modification` hook.
     pub modify_device_files: bool,
+    /// Device nodes every container of these files needs (host paths under the device
+    /// root): a Jetson's, from its CSV files ([`csv`]).
+    pub device_nodes: Vec<PathBuf>,
+    /// Folders mounted read-only whole (host paths): a Jetson's CSV `dir` entries.
+    pub directories: Vec<PathBuf>,
 }
 
 fn sorted_entries(dir: &Path) -> Vec<PathBuf> {

@@ -157,6 +157,9 @@ pub enum PrepareError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A Jetson's CSV lists give no files.
+    #[error(transparent)]
+    JetsonFiles(super::driver_files::csv::CsvError),
     /// The generated spec breaks the CDI rules (a bug in edra).
     #[error("the generated CDI spec is invalid ({}); please report this", problems.join("; "))]
     InvalidSpec {
@@ -331,6 +334,18 @@ pub enum RequestError {
         key: String,
         /// The claim's MPS devices.
         devices: String,
+    },
+    /// What a Jetson's integrated GPU cannot do.
+    #[error("request {request} asks for {what} on {device}, a Jetson's integrated GPU: {why}")]
+    NotOnJetson {
+        /// The request.
+        request: String,
+        /// The device as allocated.
+        device: String,
+        /// What was asked for.
+        what: String,
+        /// Why the platform, or edra on it, cannot, and what to do.
+        why: &'static str,
     },
     /// A sharing strategy asked for on a share of a GPU.
     #[error(

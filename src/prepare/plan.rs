@@ -10,6 +10,7 @@ use super::config::{self, Strategy};
 use super::{AllocationError, ClaimError, RequestError};
 use super::{PrepareSettings, cdi};
 use crate::device_config::Interval;
+use crate::inventory::tegra::is_integrated;
 use crate::inventory::{DeviceKind, Inventory};
 use crate::plugin::handler::ClaimRef;
 use crate::sharing::{Enforcement, Offer, Resolved, SharingMode};
@@ -138,6 +139,9 @@ fn check_device(
         }
         .into());
     }
+    if is_integrated(&found.gpu) {
+        check_integrated(settings, r, record)?;
+    }
     if strategy == Strategy::TimeSlicing && matches!(found.gpu.kind, DeviceKind::Mig(_) | DeviceKind::MigSlot(_)) {
         return Err(RequestError::TimeSlicingOnMig { request: r.request.clone(), device: r.device.clone() }.into());
     }
@@ -150,6 +154,46 @@ fn check_device(
         .into());
     }
     Ok(())
+}
+
+/// Why MPS is refused on a Jetson.
+pub const MPS_ON_JETSON: &str = "CUDA supports MPS on Tegra only from CUDA 12.5 and without compute modes or \
+     multi-user mode, and edra runs MPS with the GPU in EXCLUSIVE_PROCESS compute mode, which a Jetson does not \
+     have; the GPU is time-shared by every claim on it, so use Exclusive (the default) or TimeSlicing without an \
+     interval";
+
+/// Refuses what a Jetson's integrated GPU cannot do: MPS (edra's needs compute modes),
+/// a time-slice interval (no compute policy to set it with), and shares enforced by an
+/// MPS daemon or a time-slice. Time-slicing without an interval is what the GPU does
+/// anyway, so it changes nothing.
+fn check_integrated(
+    settings: &PrepareSettings,
+    r: &DeviceRequestAllocationResult,
+    record: &DeviceRecord,
+) -> Result<(), PrepareError> {
+    let sharing = &record.config.sharing;
+    let interval = sharing.time_slicing.as_ref().and_then(|t| t.interval).filter(|i| *i != Interval::Default);
+    let refused = if sharing.strategy == Strategy::Mps {
+        Some(("MPS".to_string(), MPS_ON_JETSON))
+    } else if let (Strategy::TimeSlicing, Some(i)) = (sharing.strategy, interval) {
+        Some((
+            format!("time-slice interval {i:?}"),
+            "a Jetson has no compute policy to set a time-slice with; drop the interval (the GPU is time-shared as it is)",
+        ))
+    } else if record.share.is_some() && !record.admin_access && settings.sharing.enforcement != Enforcement::None {
+        Some((
+            format!("a share enforced by sharing.enforcement = \"{}\"", settings.sharing.enforcement.name()),
+            "a Jetson's shares are advisory (time-shared, no memory isolation); set sharing.enforcement = \"none\" on this node",
+        ))
+    } else {
+        None
+    };
+    match refused {
+        Some((what, why)) => {
+            Err(RequestError::NotOnJetson { request: r.request.clone(), device: r.device.clone(), what, why }.into())
+        }
+        None => Ok(()),
+    }
 }
 
 /// Refuses a share of a device edra does not publish as shares (`device`, resolved as
@@ -299,7 +343,11 @@ pub struct TimeSlicedGpu {
 pub fn timeslicing_gpus(devices: &[DeviceRecord], inventory: &Inventory) -> Vec<TimeSlicedGpu> {
     let mut out: Vec<TimeSlicedGpu> = Vec::new();
     for d in devices.iter().filter(|d| d.config.sharing.strategy == Strategy::TimeSlicing) {
-        let Some(dev) = inventory.device(d.gpu()).filter(|dev| dev.kind == DeviceKind::Gpu) else { continue };
+        // A Jetson's GPU is time-shared as it is, with nothing to set.
+        let Some(dev) = inventory.device(d.gpu()).filter(|dev| dev.kind == DeviceKind::Gpu && !is_integrated(dev))
+        else {
+            continue;
+        };
         if out.iter().any(|g| g.device == d.gpu()) {
             continue;
         }

@@ -36,6 +36,15 @@ pub async fn check(ctx: &Context, backend_name: &str, inv: &Inventory) -> Vec<Ch
                 started,
                 format!("registered for critical XID and double-bit ECC events{types}"),
             ),
+            Some(Err(reason)) if reason == crate::health::NO_TEGRA_EVENTS => Check::new(
+                "health-events",
+                Some(name),
+                Status::Warn,
+                started,
+                format!("not monitored: {reason}"),
+                "the platform has no XID events: edra reports the GPU's health as unknown (never healthy); the probe \
+                 still notices a lost GPU",
+            ),
             Some(Err(reason)) if !reason.starts_with("it supports neither") => Check::fail(
                 "health-events",
                 Some(name),

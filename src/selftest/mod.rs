@@ -218,7 +218,12 @@ pub fn run_blocking(config: &Config, options: &Options) -> Result<Report, Selfte
         summary: Summary::default(),
     };
     let mock = config.backend == crate::config::BackendKind::Mock;
-    let ctx = Context { config, work: work.path().to_path_buf(), options: options.clone(), mock };
+    let jetson = match config.backend {
+        crate::config::BackendKind::Tegra => true,
+        crate::config::BackendKind::Auto => crate::inventory::tegra::platform::detect(&config.paths).is_some(),
+        _ => false,
+    };
+    let ctx = Context { config, work: work.path().to_path_buf(), options: options.clone(), mock, jetson };
     rt.block_on(run_checks(&ctx, &mut report));
     rt.shutdown_timeout(Duration::from_secs(5));
     report.finish(started);
@@ -235,6 +240,8 @@ pub struct Context {
     pub options: Options,
     /// The backend is the mock: there are no real device nodes or driver files to check.
     pub mock: bool,
+    /// The node is a Jetson: its files come from CSV lists, its GPU has no settings to change.
+    pub jetson: bool,
 }
 
 async fn run_checks(ctx: &Context, report: &mut Report) {
@@ -264,7 +271,10 @@ async fn run_checks(ctx: &Context, report: &mut Report) {
     let facts = discovery::facts(ctx, &backend, &inv);
     report.checks.extend(discovery::check_facts(&facts));
     report.checks.push(discovery::check_slices(&ctx.config, &inv));
-    report.checks.push(spec::check_driver_files(ctx, inv.driver_version.as_deref()));
+    report.checks.push(match ctx.jetson {
+        true => spec::check_jetson_files(ctx),
+        false => spec::check_driver_files(ctx, inv.driver_version.as_deref()),
+    });
     report.gpus = facts;
     report.checks.extend(health::check(ctx, backend.name(), &inv).await);
     let preparer = match claims::preparer(ctx, backend.clone(), &inv) {

@@ -27,6 +27,16 @@ pub async fn check(
     let mut out = Vec::new();
     for (n, f) in (0u32..).zip(facts) {
         let gpu = Some(f.name.as_str());
+        if ctx.jetson {
+            out.push(Check::skip("time-slicing", gpu, "a Jetson's GPU is always time-shared: there is nothing to set"));
+            out.push(Check::skip(
+                "mps",
+                gpu,
+                format!("not offered on a Jetson: {}", crate::prepare::plan::MPS_ON_JETSON),
+            ));
+            out.push(Check::skip("mig", gpu, "a Jetson's integrated GPU has no MIG mode edra can use"));
+            continue;
+        }
         if !ctx.options.change_gpu_settings {
             out.push(Check::skip("time-slicing", gpu, "not run without --change-gpu-settings (would set the compute mode to Default and the time-slice, then restore them)"));
             out.push(Check::skip(

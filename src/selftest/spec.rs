@@ -146,7 +146,8 @@ fn mounts(ctx: &Context, gpu: &str, spec: &Spec) -> Check {
             "the driver changed under edra (an upgrade without a restart?): restart edra",
         );
     }
-    let has_driver = has("libcuda.so") && has("libnvidia-ml.so");
+    // A Jetson's CSV lists may leave NVML out: libcuda is what CUDA programs need.
+    let has_driver = has("libcuda.so") && (ctx.jetson || has("libnvidia-ml.so"));
     if !ctx.mock && !has_driver {
         return Check::new(
             "driver-mounts",
@@ -195,5 +196,45 @@ pub fn check_driver_files(ctx: &Context, version: Option<&str>) -> Check {
                 driver_files::LIBRARY_DIRS.join(", ")
             ),
         )
+    }
+}
+
+/// The node-wide `driver-files` check on a Jetson: what its CSV lists give.
+pub fn check_jetson_files(ctx: &Context) -> Check {
+    let started = Instant::now();
+    let paths = &ctx.config.paths;
+    match driver_files::csv::discover(&paths.driver_root, &paths.dev_root) {
+        Ok(files) => {
+            let cuda = files
+                .libraries
+                .iter()
+                .any(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libcuda.so")));
+            let detail = format!(
+                "CSV lists under {}: {} device nodes, {} libraries, {} links, {} folders",
+                paths.driver_root.join(driver_files::csv::CSV_DIR).display(),
+                files.device_nodes.len(),
+                files.libraries.len(),
+                files.library_links.len(),
+                files.directories.len()
+            );
+            if cuda && !files.device_nodes.is_empty() {
+                Check::pass("driver-files", None, started, detail)
+            } else {
+                Check::fail(
+                    "driver-files",
+                    None,
+                    started,
+                    format!("{detail}; libcuda or the device nodes are missing"),
+                    "install JetPack's CUDA and container lists (nvidia-container packages); check paths.dev_root",
+                )
+            }
+        }
+        Err(e) => Check::fail(
+            "driver-files",
+            None,
+            started,
+            crate::util::error_chain(&e),
+            "install JetPack's container lists (nvidia-container packages) or fix paths.driver_root",
+        ),
     }
 }

@@ -95,7 +95,7 @@ fn gpus(
             GpuStatus {
                 name: d.name.clone(),
                 uuid: d.uuid.clone(),
-                product: d.text("productName"),
+                product: product(d),
                 memory: d.capacity.get("memory").copied().unwrap_or(0),
                 health: state.as_str().into(),
                 conditions: conditions
@@ -110,6 +110,7 @@ fn gpus(
                     .collect(),
                 taints: gpu_taints,
                 compute_mode: match s.backend.compute_mode(&d.uuid) {
+                    _ if crate::inventory::tegra::is_integrated(d) => "integrated".into(),
                     Ok(m) => format!("{m:?}"),
                     Err(e) => format!("unreadable: {e}"),
                 },
@@ -124,6 +125,16 @@ fn gpus(
         );
     }
     out
+}
+
+/// The product name, and for a Jetson's integrated GPU the module's model too.
+fn product(d: &crate::inventory::Device) -> String {
+    let name = d.text("productName");
+    match (crate::inventory::tegra::is_integrated(d), d.text("model")) {
+        (true, model) if !model.is_empty() => format!("{name} (integrated, {model})"),
+        (true, _) => format!("{name} (integrated)"),
+        _ => name,
+    }
 }
 
 fn mig_instances(gpu: &crate::inventory::MigGpu, owned: &OwnedInstances, claims: &[ClaimRecord]) -> Vec<MigStatus> {

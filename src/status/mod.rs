@@ -68,7 +68,8 @@ pub struct GpuStatus {
     pub conditions: Vec<ConditionStatus>,
     /// Taints on its devices, `key=value:effect`, with when they were added.
     pub taints: Vec<TaintStatus>,
-    /// `Default`, `ExclusiveProcess`, `Prohibited`, or why it could not be read.
+    /// `Default`, `ExclusiveProcess`, `Prohibited`, `integrated` for a Jetson's GPU (which
+    /// has no compute modes), or why it could not be read.
     pub compute_mode: String,
     /// The GPU is in MIG mode.
     pub mig_mode: bool,

@@ -11,6 +11,7 @@ mod diskfull;
 mod exits;
 mod handover;
 mod health;
+mod jetson;
 mod kept_sockets;
 mod logs;
 mod memory_limit_sums;

@@ -20,6 +20,7 @@ mod monitoring;
 mod packaging;
 mod plugin_grpc;
 mod runtime;
+mod runtime_jetson;
 mod runtime_memory_limit;
 mod selftest;
 mod shape;

@@ -184,7 +184,7 @@ fn check_typed(doc: &Doc) {
     }
 }
 
-/// The device types and attribute names a mock node with MIG publishes.
+/// The device types and attribute names a mock node with MIG and a Jetson publish.
 fn published_vocabulary() -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("edra.toml");
@@ -200,8 +200,14 @@ fn published_vocabulary() -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<Strin
     };
     let cfg = Config::load(&ctx).expect("mock config");
     let inventory = edra::inventory::mock::MockBackend::new(&cfg).discover().expect("mock inventory");
+    // A Jetson's integrated GPU (a fake Orin) adds its attributes.
+    crate::support::tegra::make(dir.path(), &[("libcuda.so.1.1", b"cuda")]);
+    let mut jetson = cfg.clone();
+    jetson.paths = edra::config::Paths::under(dir.path());
+    jetson.nvml.library = "libnvidia-ml-absent-for-tests.so.1".into();
+    let integrated = edra::inventory::tegra::TegraBackend::load(&jetson).expect("a fake Jetson").discover();
     let (mut types, mut attributes, mut capacity) = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
-    for d in &inventory.devices {
+    for d in inventory.devices.iter().chain(&integrated.expect("its inventory").devices) {
         attributes.extend(d.attributes.keys().cloned());
         capacity.extend(d.capacity.keys().cloned());
         if let Some(edra::inventory::AttributeValue::String(t)) = d.attributes.get("type") {

@@ -87,3 +87,23 @@ fn a_50_mb_line_is_logged_by_its_prefix_and_the_next_event_still_counts() {
     assert!(warned[0].len() < 500, "a short log line: {} bytes", warned[0].len());
     assert!(warned[0].contains("longer than 4096 bytes") && warned[0].contains("bytes=50000000"), "{}", warned[0]);
 }
+
+#[test]
+fn a_jetson_without_thors_nvml_is_reported_unmonitored_with_the_reason() {
+    let ctx = crate::config::LoadContext {
+        explicit_file: None,
+        default_file: "/nonexistent/edra.toml".into(),
+        env: vec![],
+        overrides: crate::config::Overrides::default(),
+        hostname: Some("jetson-1".into()),
+    };
+    let mut cfg = crate::config::Config::load(&ctx).expect("defaults are valid");
+    cfg.nvml.library = "libnvidia-ml-absent-for-tests.so.1".into();
+    let health = crate::health::backend_for(&cfg, "tegra");
+    let seen = std::sync::Mutex::new(Vec::new());
+    health.watch(&["GPU-1".to_string()], &|e| seen.lock().expect("lock").push(e), &AtomicBool::new(false));
+    assert_eq!(
+        seen.into_inner().expect("lock"),
+        vec![Event::Unmonitored { gpu: "GPU-1".into(), reason: crate::health::NO_TEGRA_EVENTS.into() }]
+    );
+}

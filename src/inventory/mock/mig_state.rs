@@ -98,7 +98,7 @@ impl MockMigControl {
 
     /// The MIG UUID of compute instance `ci` of GPU instance `gi` on GPU `index`.
     fn mig_uuid(&self, index: u32, gi: u32, ci: u32) -> String {
-        format!("MIG-{}", super::uuid_text(&format!("{}/gpu/{index}/gi/{gi}/ci/{ci}", self.node)))
+        format!("MIG-{}", super::super::attributes::uuid_text(&format!("{}/gpu/{index}/gi/{gi}/ci/{ci}", self.node)))
     }
 }
 

@@ -15,3 +15,5 @@ pub mod nvidia_smi;
 pub mod nvml;
 pub mod procfs;
 pub mod systemd;
+#[path = "../../../src/test_support/tegra.rs"]
+pub mod tegra;
