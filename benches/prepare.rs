@@ -10,6 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::phases::Phases;
 use common::{InProcessAgent, Layout, Samples, Site, SiteSettings, latency_header, ms};
 use edra::plugin::proto::dra_v1 as v1;
 use edra::plugin::proto::dra_v1::dra_plugin_client::DraPluginClient;
@@ -473,6 +474,8 @@ async fn single(gpus: u32, layout: Layout) -> Sample {
     let mut server_get = Samples::default();
     let (mut to_get, mut after_get) = (Samples::default(), Samples::default());
     let total = WARMUP + SINGLE;
+    let phases = phases();
+    let mut steps = Steps::default();
     let mut i = 0;
     while i < total {
         let wave: Vec<v1::Claim> = (i..(i + gpus as usize).min(total))
@@ -482,11 +485,17 @@ async fn single(gpus: u32, layout: Layout) -> Sample {
         let mark = site.server.request_mark();
         for c in &wave {
             let before = site.server.request_mark();
+            if let Some(p) = &phases {
+                p.take();
+            }
             let start = Instant::now();
             let d = prepare(&mut client, vec![c.clone()]).await;
             let end = Instant::now();
             if measured {
                 first.push(d);
+                if let Some(p) = &phases {
+                    steps.add(p.take(), d);
+                }
                 // The claim's GET (a status PATCH of an earlier claim may come between).
                 let log = site.server.requests();
                 if let Some(get) = log.iter().skip(before).find(|r| r.verb == "get") {
@@ -541,6 +550,9 @@ async fn single(gpus: u32, layout: Layout) -> Sample {
         "API requests per prepare: {:.2} (GET of the claim); per repeated prepare and unprepare: 0\n",
         gets as f64 / SINGLE as f64
     );
+    if phases.is_some() {
+        steps.print();
+    }
     // Keep one claim prepared: its spec is what the breakdown writes.
     let claim = site.claim("sample", &["gpu-0".to_string()]);
     prepare(&mut client, vec![claim.clone()]).await;
@@ -550,6 +562,74 @@ async fn single(gpus: u32, layout: Layout) -> Sample {
         serde_json::from_slice(&std::fs::read(&path).expect("read the sample spec")).expect("parse the sample spec");
     agent.stop();
     Sample { config: site.config.clone(), spec, claim, site }
+}
+
+/// The span timer, installed once when `BENCH_PHASES` is set.
+fn phases() -> Option<Phases> {
+    static PHASES: std::sync::OnceLock<Phases> = std::sync::OnceLock::new();
+    std::env::var_os("BENCH_PHASES").map(|_| PHASES.get_or_init(Phases::install).clone())
+}
+
+/// The steps of a first-time prepare, in the order they run, with their depth in the
+/// call: edra's spans (see `common::phases`), timed from creation to close.
+const STEPS: [(&str, usize, &str); 17] = [
+    ("prepare", 1, "edra's part: the claim's prepare"),
+    ("prepare.lock", 2, "the claim's lock"),
+    ("prepare.lookup", 2, "its record looked up (sled)"),
+    ("prepare.fetch", 2, "the claim read"),
+    ("claim.request", 3, "the GET, body read"),
+    ("http.throttle", 4, "rate limit"),
+    ("http.headers", 4, "sent → answer's headers"),
+    ("http.body", 4, "body"),
+    ("claim.decode", 3, "decoded and checked"),
+    ("prepare.plan", 2, "planned"),
+    ("prepare.apply", 2, "applied (blocking pool)"),
+    ("prepare.blocking", 3, "blocking work, from its hand-over"),
+    ("prepare.spec_build", 4, "CDI spec built"),
+    ("prepare.spec_write", 4, "CDI spec written (fsync, rename, dir fsync)"),
+    ("prepare.record", 4, "recorded (durable)"),
+    ("state.flush", 5, "sled flush"),
+    ("state.fsync", 5, "fsync of sled's log"),
+];
+
+/// A first-time prepare's steps over many calls (`BENCH_PHASES`).
+#[derive(Default)]
+struct Steps {
+    each: std::collections::HashMap<&'static str, Samples>,
+    /// Waits of the blocking work for a thread of the pool.
+    hop: Samples,
+    /// The call at the client less edra's prepare span: gRPC both ways, the answer.
+    outside: Samples,
+}
+
+impl Steps {
+    fn add(&mut self, times: common::phases::Times, call: Duration) {
+        for (name, list) in &times {
+            for (wall, wait) in list {
+                self.each.entry(name).or_default().push(*wall);
+                if *name == "prepare.blocking" {
+                    self.hop.push(*wait);
+                }
+            }
+        }
+        if let Some([(prepare, _)]) = times.get("prepare").map(Vec::as_slice) {
+            self.outside.push(call.saturating_sub(*prepare));
+        }
+    }
+
+    fn print(&self) {
+        println!("## Where a first-time prepare's time goes (edra's spans, timed in the same calls)\n");
+        println!("{}", latency_header());
+        println!("{}", self.outside.row("call at the client less edra's part (gRPC)"));
+        for (name, depth, what) in STEPS {
+            let Some(samples) = self.each.get(name) else { continue };
+            println!("{}", samples.row(&format!("{}{what}", "  ".repeat(depth - 1))));
+            if name == "prepare.blocking" {
+                println!("{}", self.hop.row("    wait for a blocking thread"));
+            }
+        }
+        println!();
+    }
 }
 
 /// One call with 32 claims (mock GPUs = 32), prepared then unprepared.
