@@ -10,6 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::phases::{Phases, Steps};
 use common::{InProcessAgent, Layout, Samples, Site, SiteSettings, latency_header, ms};
 use edra::plugin::proto::dra_v1 as v1;
 use edra::plugin::proto::dra_v1::dra_plugin_client::DraPluginClient;
@@ -473,6 +474,8 @@ async fn single(gpus: u32, layout: Layout) -> Sample {
     let mut server_get = Samples::default();
     let (mut to_get, mut after_get) = (Samples::default(), Samples::default());
     let total = WARMUP + SINGLE;
+    let phases = phases();
+    let mut steps = Steps::default();
     let mut i = 0;
     while i < total {
         let wave: Vec<v1::Claim> = (i..(i + gpus as usize).min(total))
@@ -482,11 +485,17 @@ async fn single(gpus: u32, layout: Layout) -> Sample {
         let mark = site.server.request_mark();
         for c in &wave {
             let before = site.server.request_mark();
+            if let Some(p) = &phases {
+                p.take();
+            }
             let start = Instant::now();
             let d = prepare(&mut client, vec![c.clone()]).await;
             let end = Instant::now();
             if measured {
                 first.push(d);
+                if let Some(p) = &phases {
+                    steps.add(p.take(), d);
+                }
                 // The claim's GET (a status PATCH of an earlier claim may come between).
                 let log = site.server.requests();
                 if let Some(get) = log.iter().skip(before).find(|r| r.verb == "get") {
@@ -541,6 +550,9 @@ async fn single(gpus: u32, layout: Layout) -> Sample {
         "API requests per prepare: {:.2} (GET of the claim); per repeated prepare and unprepare: 0\n",
         gets as f64 / SINGLE as f64
     );
+    if phases.is_some() {
+        steps.print();
+    }
     // Keep one claim prepared: its spec is what the breakdown writes.
     let claim = site.claim("sample", &["gpu-0".to_string()]);
     prepare(&mut client, vec![claim.clone()]).await;
@@ -550,6 +562,12 @@ async fn single(gpus: u32, layout: Layout) -> Sample {
         serde_json::from_slice(&std::fs::read(&path).expect("read the sample spec")).expect("parse the sample spec");
     agent.stop();
     Sample { config: site.config.clone(), spec, claim, site }
+}
+
+/// The span timer, installed once when `BENCH_PHASES` is set.
+fn phases() -> Option<Phases> {
+    static PHASES: std::sync::OnceLock<Phases> = std::sync::OnceLock::new();
+    std::env::var_os("BENCH_PHASES").map(|_| PHASES.get_or_init(Phases::install).clone())
 }
 
 /// One call with 32 claims (mock GPUs = 32), prepared then unprepared.

@@ -10,6 +10,8 @@
 //! - `SBS_KUBECTL`: the kubectl command with an admin kubeconfig, e.g.
 //!   `/h/bin/kubectl --kubeconfig /h/admin.kubeconfig`;
 //! - `SBS_A` and `SBS_B`: `<label>,<dra socket>,<node>,<device class>` of each plugin;
+//! - `SBS_PREFETCH=off`: the plugins were started without reading claims before the
+//!   kubelet asks (edra with `EDRA_CLAIMS_PREFETCH=false`); the first-time row says so;
 //! - `SBS_ROUNDS` (200): claims per plugin; `SBS_DELAY_MS` (20): how long after its pod is
 //!   bound a claim's prepare is sent (the kubelet calls after it has seen and admitted the
 //!   pod); `SBS_REPEATS` (1): repeated prepares timed per claim (more samples for their
@@ -26,8 +28,10 @@
 //!
 //! Each round creates, per plugin, one claim and one pod using it pinned to the plugin's
 //! node, waits until the scheduler allocated and reserved the claim and bound the pod, then
-//! times NodePrepareResources (first time), NodePrepareResources again (repeated) and
-//! NodeUnprepareResources, and deletes the pod and the claim. Plugins alternate A B, B A.
+//! times NodePrepareResources (first time), NodePrepareResources again (repeated),
+//! NodeUnprepareResources, and NodePrepareResources once more after that unprepare (the same
+//! claim for the same pod: nothing read early is left for it, so the claim is read in the
+//! call), unprepares it again, and deletes the pod and the claim. Plugins alternate A B, B A.
 //! Then it times as many calls with no claims as there were repeated prepares, back to
 //! back and alternating: the floor under every answer (the gRPC round trip, each plugin's
 //! server, the scheduling of both processes), which shows how much of a tail is the
@@ -54,6 +58,9 @@ struct Plugin {
     first: Vec<Duration>,
     repeat: Vec<Duration>,
     release: Vec<Duration>,
+    /// NodePrepareResources of the claim just unprepared, for the same pod: nothing was
+    /// read before the call (the claim is read inside it).
+    again: Vec<Duration>,
     /// NodePrepareResources with no claims: the plugin's gRPC stack and nothing else.
     empty: Vec<Duration>,
     /// The same, each right after a repeated prepare (`SBS_INTERLEAVE=1`).
@@ -129,6 +136,7 @@ fn parse_plugin(var: &str) -> Option<Plugin> {
         first: Vec::new(),
         repeat: Vec::new(),
         release: Vec::new(),
+        again: Vec::new(),
         empty: Vec::new(),
         between: Vec::new(),
     })
@@ -192,15 +200,31 @@ async fn main() {
             }
             let t = Instant::now();
             client
-                .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim] })
+                .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim.clone()] })
                 .await
                 .expect("NodeUnprepareResources");
             let release = t.elapsed();
+            // The same claim prepared again for the same pod, after its unprepare: what the
+            // plugin read before the kubelet asked is used up, so the call reads the claim.
+            std::thread::sleep(delay);
+            let t = Instant::now();
+            let r = client
+                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
+                .await
+                .expect("NodePrepareResources after unprepare");
+            let again = t.elapsed();
+            let err = r.get_ref().claims.get(&uid).map(|c| c.error.clone()).unwrap_or_default();
+            assert!(err.is_empty(), "{}: prepare of {name} after its unprepare failed: {err}", p.label);
+            client
+                .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim] })
+                .await
+                .expect("NodeUnprepareResources again");
             if round >= warmup {
                 p.first.push(first);
                 p.repeat.extend(repeat);
                 p.between.extend(between);
                 p.release.push(release);
+                p.again.push(again);
             }
             let _ = kubectl(
                 &base,
@@ -228,8 +252,12 @@ async fn main() {
     let (a, b) = (&plugins[0].label, &plugins[1].label);
     println!("| operation (ms) | {a} p50 | {a} p90 | {a} p99 | {b} p50 | {b} p90 | {b} p99 |");
     println!("|---|---|---|---|---|---|---|");
-    let rows: [Row; 5] = [
-        ("prepare, first time", |p| &p.first),
+    // With the plugins started without reading claims early (edra's `claims.prefetch =
+    // false`), every first-time prepare reads its claim inside the call.
+    let no_prefetch = std::env::var("SBS_PREFETCH").is_ok_and(|v| v == "off");
+    let rows: [Row; 6] = [
+        (if no_prefetch { "prepare, first time, no prefetch" } else { "prepare, first time" }, |p| &p.first),
+        ("prepare after unprepare, same pod", |p| &p.again),
         ("prepare, repeated", |p| &p.repeat),
         ("unprepare", |p| &p.release),
         ("call with no claims", |p| &p.empty),

@@ -21,6 +21,8 @@ use crate::support::apiserver::{
 use crate::support::kubelet::{RawH2, percent_encoded};
 use crate::support::layout::{paths_toml, toml_path};
 
+pub mod phases;
+
 /// The node every benchmark runs as.
 pub const NODE: &str = "n1";
 /// The driver name (edra's default).

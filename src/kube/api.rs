@@ -209,8 +209,10 @@ impl Client {
     ) -> Result<ResourceClaim, Error> {
         let req = request::get_claim(api, namespace, name);
         let op = operation(&req);
-        let body = self.request_paced(req, pace).await?;
-        decode_claim(api, &op, &body)
+        let body =
+            tracing::Instrument::instrument(self.request_paced(req, pace), tracing::trace_span!("claim.request"))
+                .await?;
+        tracing::trace_span!("claim.decode").in_scope(|| decode_claim(api, &op, &body))
     }
 
     fn encode_slice(&self, api: ResourceApi, slice: &ResourceSlice, verb: &str) -> Result<Vec<u8>, Error> {

@@ -79,20 +79,29 @@ impl RateLimiter {
     /// Take one token, waiting until one is available.
     pub async fn acquire(&self) {
         if let Ok(at) = self.reserve(None) {
-            tokio::time::sleep_until(at).await;
+            wait_for_token(at).await;
         }
     }
 
     /// Take one token if it is available by `deadline` (then wait for it), else refuse.
     pub async fn acquire_by(&self, deadline: Instant) -> Result<(), Throttled> {
         let at = self.reserve(Some(deadline))?;
-        tokio::time::sleep_until(at).await;
+        wait_for_token(at).await;
         Ok(())
     }
 
     /// The configured rate and burst.
     pub fn limits(&self) -> (f64, f64) {
         (self.qps, self.burst)
+    }
+}
+
+/// Waits until a token reserved for `at` is due. A token free now is taken at once: a
+/// sleep until now would wait for the timer's next tick (Tokio's timer counts whole
+/// milliseconds, rounding up), which made every request wait up to a millisecond more.
+async fn wait_for_token(at: Instant) {
+    if at > Instant::now() {
+        tokio::time::sleep_until(at).await;
     }
 }
 

@@ -353,13 +353,18 @@ impl Client {
         let op = operation(req);
         let until = pace.until;
         let full = self.prepare(req).map_err(Failure::Fatal)?;
-        self.throttle(req, pace).await.map_err(Failure::Fatal)?;
+        tracing::Instrument::instrument(self.throttle(req, pace), tracing::trace_span!("http.throttle"))
+            .await
+            .map_err(Failure::Fatal)?;
         let started = Instant::now();
         let timeout = self.inner.settings.request_timeout;
         let per_attempt = deadline_in(timeout);
         let deadline = until.map_or(per_attempt, |u| u.min(per_attempt));
         self.inner.stats.sent.fetch_add(u64::try_from(req.body().len()).unwrap_or(u64::MAX), Ordering::Relaxed);
-        match tokio::time::timeout_at(deadline, self.inner.http.request(full)).await {
+        let headers = tracing::trace_span!("http.headers");
+        match tracing::Instrument::instrument(tokio::time::timeout_at(deadline, self.inner.http.request(full)), headers)
+            .await
+        {
             Err(_) => {
                 self.record(verb(req), 0);
                 Err(Failure::Ambiguous(Error::Timeout {
@@ -427,7 +432,8 @@ impl Client {
             let (resp, deadline) = self.send(req, pace).await?;
             let status = resp.status();
             let retry_after = retry_after(&resp);
-            let body = self.read_body(&op, resp, deadline, (limit, room)).await.map_err(|e| {
+            let body = self.read_body(&op, resp, deadline, (limit, room));
+            let body = tracing::Instrument::instrument(body, tracing::trace_span!("http.body")).await.map_err(|e| {
                 // A server that sends more than the object can be will do so again.
                 if e.is_too_large() { Failure::Fatal(e) } else { Failure::Ambiguous(e) }
             })?;

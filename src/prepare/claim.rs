@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::plugin::handler::{ClaimRef, PreparedDevice};
 use crate::sharing::Enforcement;
@@ -102,7 +103,8 @@ impl Preparer {
 
     /// Writes `record`'s spec (blocking I/O).
     pub(super) fn write_spec_of(&self, record: &ClaimRecord) -> Result<(), PrepareError> {
-        let spec = self.spec_for(record)?;
+        let spec = tracing::trace_span!("prepare.spec_build").in_scope(|| self.spec_for(record))?;
+        let _written = tracing::trace_span!("prepare.spec_write").entered();
         cdi::write_spec(&record.cdi_spec_path, &spec).map_err(|source| PrepareError::Cdi {
             op: "write",
             path: record.cdi_spec_path.clone(),
@@ -120,16 +122,20 @@ impl Preparer {
         }
         // Blocking work goes on when the kubelet cancels the call and this future is
         // dropped, so each blocking task holds the claim's lock too, until it ends.
-        let guard = Arc::new(self.inner.locks.lock(&claim.uid).await);
+        let guard = Arc::new(self.inner.locks.lock(&claim.uid).instrument(tracing::trace_span!("prepare.lock")).await);
         // A read of one small record is served from sled's cache in microseconds; doing it
         // here rather than on the blocking pool keeps the repeated prepare of a prepared
         // claim (every pod restart) to one thread hop less.
         // A completed record that does not hold its devices was cut short by a crash
         // before it was answered: the claim is prepared again.
-        if let Some(rec) = self.inner.store.claim(&claim.uid)?
-            && rec.phase == Phase::PrepareCompleted
-            && self.inner.store.holds_devices(&rec)?
-        {
+        let found =
+            tracing::trace_span!("prepare.lookup").in_scope(|| match self.inner.store.claim(&claim.uid)? {
+                Some(rec) if rec.phase == Phase::PrepareCompleted && self.inner.store.holds_devices(&rec)? => {
+                    Ok::<_, PrepareError>(Some(rec))
+                }
+                _ => Ok(None),
+            })?;
+        if let Some(rec) = found {
             if let Some(lost) = Self::lost_mig(&rec) {
                 return Err(lost);
             }
@@ -153,8 +159,14 @@ impl Preparer {
             }
             return Ok(answer(&rec));
         }
-        let fetched = self.inner.claims.claim_for(&claim, deadline).await.map_err(ClaimError::Fetch)?;
-        let planned = self.plan_claim(&claim, &fetched)?;
+        let fetched = self
+            .inner
+            .claims
+            .claim_for(&claim, deadline)
+            .instrument(tracing::trace_span!("prepare.fetch"))
+            .await
+            .map_err(ClaimError::Fetch)?;
+        let planned = tracing::trace_span!("prepare.plan").in_scope(|| self.plan_claim(&claim, &fetched))?;
         // Before anything is recorded or changed: a missing binary leaves all as it was.
         self.check_nvidia_smi(&planned.gpus)?;
         if planned.mps_plan.is_some() {
@@ -166,7 +178,10 @@ impl Preparer {
             let gpu = share.gpu.clone();
             self.inner.mps.check_binary().map_err(|source| GpuChangeError::SharedMps { gpu, source })?;
         }
-        let done = self.apply_checking_holders(planned, &guard, deadline).await?;
+        let done = self
+            .apply_checking_holders(planned, &guard, deadline)
+            .instrument(tracing::trace_span!("prepare.apply"))
+            .await?;
         self.inner.claims.prepared(&claim);
         tracing::info!(claim.uid = %done.uid, devices = done.devices.len(), "claim prepared");
         Ok(answer(&done))
@@ -283,7 +298,8 @@ impl Preparer {
         failpoint::hit("prepare-after-cdi-write");
         record.phase = Phase::PrepareCompleted;
         failpoint::hit("prepare-before-completed");
-        if let Err(e) = self.inner.store.put_claim(&record) {
+        let recorded = tracing::trace_span!("prepare.record").in_scope(|| self.inner.store.put_claim(&record));
+        if let Err(e) = recorded {
             // Not recorded (a device held by another claim, or the disk failed): the spec
             // goes; a spec left behind is removed by recovery as an orphan.
             if let Err(undo) = cdi::remove_spec(&record.cdi_spec_path) {

@@ -148,9 +148,11 @@ impl Preparer {
         loop {
             let gpu_locks = self.lock_shared_gpus(&record.devices).await;
             let (this, held, planned) = (self.clone(), guard.clone(), planned.clone());
+            // Made here, entered on the blocking thread: the claim's span goes with the work.
+            let span = tracing::trace_span!("prepare.blocking");
             let applied = super::blocking(move || {
                 let _held = (held, gpu_locks);
-                this.apply(planned)
+                span.in_scope(|| this.apply(planned))
             })
             .await?;
             match applied {

@@ -172,8 +172,8 @@ impl Db {
         }
         let upto = self.written.load(Ordering::SeqCst);
         self.flushes.fetch_add(1, Ordering::Relaxed);
-        self.db.flush().map_err(sled_io)?;
-        self.log.sync_all()?;
+        tracing::trace_span!("state.flush").in_scope(|| self.db.flush()).map_err(sled_io)?;
+        tracing::trace_span!("state.fsync").in_scope(|| self.log.sync_all())?;
         *synced = upto;
         Ok(())
     }

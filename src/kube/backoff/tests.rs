@@ -15,6 +15,18 @@ async fn burst_is_immediate_then_paced_at_qps() {
     assert!(e >= Duration::from_millis(500) && e < Duration::from_millis(520), "5 more at 10 qps took {e:?}");
 }
 
+#[test]
+fn a_free_token_is_taken_without_the_timer() {
+    // A runtime without a timer: a sleep, even until now, would panic here.
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+    let rl = RateLimiter::new(1.0, 3);
+    rt.block_on(async {
+        rl.acquire().await;
+        rl.acquire_by(Instant::now() + Duration::from_secs(1)).await.expect("a free token");
+        rl.acquire().await;
+    });
+}
+
 #[tokio::test(start_paused = true)]
 async fn bucket_refills_while_idle_up_to_burst() {
     let rl = RateLimiter::new(2.0, 2);
