@@ -336,6 +336,9 @@ fn readiness_status(
     }
 }
 
+/// How long an edra that handed the node over waits for its tasks before it exits.
+const HANDED_OVER_STOP: Duration = Duration::from_secs(2);
+
 /// The stop after `shutdown` or a handover (`ending`): tells systemd, stops serving the
 /// kubelet within the `grace` period (unless the sockets went to a newer agent), waits for
 /// the `tasks`, makes lazily recorded releases durable, and fails when kubelet calls were
@@ -350,13 +353,26 @@ pub(super) async fn drain(
     if let Some(n) = &notifier {
         let _ = n.stopping();
     }
+    let handed_over = matches!(ending, Ending::HandedOver);
     let (aborted, lost) = match ending {
         Ending::Stopped(plugin) => (plugin.shutdown(grace).await, None),
         Ending::HandedOver => (0, None),
         Ending::Lost(e) => (0, Some(e)),
     };
-    for task in tasks {
-        let _ = task.await;
+    let waiting = async {
+        for task in tasks {
+            let _ = task.await;
+        }
+    };
+    // The newer edra waits for this one to exit (the node lock) while the kubelet's calls
+    // wait in the backlog: a task still in an API request is left to the exit (what it
+    // wrote is recorded before it acted; recovery finishes or undoes it).
+    if handed_over {
+        if tokio::time::timeout(HANDED_OVER_STOP, waiting).await.is_err() {
+            warn!(target: "edra::app", waited_s = HANDED_OVER_STOP.as_secs(), "tasks still running after the handover are left to the exit");
+        }
+    } else {
+        waiting.await;
     }
     // Releases recorded lazily reach the disk now rather than with sled's next flush.
     match tokio::task::spawn_blocking(move || store.sync()).await {

@@ -168,6 +168,32 @@ async fn a_handover_that_cannot_finish_in_time_leaves_the_first_serving() {
     first.terminate().await;
 }
 
+#[tokio::test]
+async fn a_task_stuck_in_an_api_request_does_not_hold_the_node_after_a_handover() {
+    let cluster = Cluster::start().await;
+    let first = ChildAgent::start_with_env(&cluster, "", &[("EDRA_LOG_LEVEL", "info")]).await;
+    // The claim's device status write hangs for a minute.
+    cluster.server.inject(Fault::next(1, FaultAction::Delay(Duration::from_secs(60))).method(Method::PATCH));
+    let claim = cluster.allocated_claim("stuck", "gpu-0");
+    prepare_ok(&mut first.v1().await, &claim).await;
+    cluster
+        .server
+        .wait_for("the status write held", WAIT, |s| s.faults_applied() > 0)
+        .await
+        .expect("the claim status write is in flight");
+    let started = Instant::now();
+    let second = ChildAgent::start_with_env(&cluster, "", &[("EDRA_PLUGIN_TAKE_OVER", "true")]).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(8), "the second served only after {took:?}\n{}", second.stderr());
+    assert!(
+        second.stderr().contains("tasks still running after the handover are left to the exit"),
+        "{}",
+        second.stderr()
+    );
+    prepare_ok(&mut second.v1().await, &claim).await;
+    second.terminate().await;
+}
+
 /// `edra run` with the cluster's configuration and `env`, its stderr piped.
 fn spawn_edra(cluster: &Cluster, env: &[(&str, &str)]) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_edra"))
