@@ -95,6 +95,8 @@ pub fn facts(ctx: &Context, backend: &Arc<dyn DeviceBackend>, inv: &Inventory) -
         match &nvml {
             Some(Some(n)) => nvml_facts(n, &mut f),
             Some(None) => {}
+            // An integrated GPU has no PCI slot, persistence mode or MIG to report.
+            None if backend.name() == "tegra" => f.mig_capable = Some(false),
             None => mock_facts(ctx, inv, &mut f),
         }
         out.push(f);
@@ -153,19 +155,23 @@ pub fn check_facts(facts: &[GpuFacts]) -> Vec<Check> {
         .map(|f| {
             let started = Instant::now();
             let yes_no = |b: Option<bool>| b.map_or("unknown", |b| if b { "on" } else { "off" });
+            let pci = if f.pci_bus_id.is_empty() { "no PCI slot".to_string() } else { format!("PCI {}", f.pci_bus_id) };
+            let mig = match (f.mig_enabled, f.mig_capable) {
+                (None, Some(false)) => "MIG not capable".to_string(),
+                (enabled, capable) => {
+                    format!("MIG {}{}", yes_no(enabled), if capable == Some(false) { " (not capable)" } else { "" })
+                }
+            };
             let detail = format!(
-                "{} {}, {} memory, {} (compute capability {}), PCI {}, compute mode {}, persistence {}, MIG {}{}; \
+                "{} {}, {} memory, {} (compute capability {}), {pci}, compute mode {}, persistence {}, {mig}; \
                  publishes {}",
                 f.product,
                 f.uuid,
                 quantity(f.memory),
                 f.architecture,
                 f.compute_capability,
-                f.pci_bus_id,
                 f.compute_mode,
                 yes_no(f.persistence),
-                yes_no(f.mig_enabled),
-                if f.mig_capable == Some(false) { " (not capable)" } else { "" },
                 f.published.join(", ")
             );
             if f.uuid.is_empty() || f.published.is_empty() {

@@ -17,7 +17,8 @@ pub fn text(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "edra {} selftest, backend {}, node {}", report.version, report.backend, report.node);
     for g in &report.gpus {
-        let _ = writeln!(out, "  {}: {} {} ({})", g.name, g.product, g.uuid, g.pci_bus_id);
+        let pci = if g.pci_bus_id.is_empty() { String::new() } else { format!(" ({})", g.pci_bus_id) };
+        let _ = writeln!(out, "  {}: {} {}{pci}", g.name, g.product, g.uuid);
     }
     let _ = writeln!(out);
     let rows: Vec<[String; 5]> = report

@@ -170,6 +170,10 @@ async fn edra_inventory_selftest_and_status_show_the_integrated_gpu() {
     assert_eq!(check("prepare-gpu")["status"], "pass", "{report:#}");
     assert_eq!(check("mps")["status"], "skip", "{report:#}");
     assert!(check("mps")["detail"].as_str().is_some_and(|d| d.contains("EXCLUSIVE_PROCESS")), "{report:#}");
+    // An integrated GPU: no PCI slot, persistence mode or MIG claimed for it.
+    let discovery = check("discovery")["detail"].as_str().unwrap_or_default().to_string();
+    assert!(discovery.contains("no PCI slot") && discovery.contains("MIG not capable"), "{discovery}");
+    assert!(discovery.contains("persistence unknown"), "{discovery}");
     let agent = ChildAgent::start_configured(&cluster, &file, "", &[]).await;
     let started = std::time::Instant::now();
     let gpu = loop {
