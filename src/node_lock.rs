@@ -49,13 +49,7 @@ pub enum InstanceError {
     },
     /// The lock file's directory is missing and its parent cannot be written: under
     /// systemd, a kubelet directory that did not exist when edra started.
-    #[error(
-        "{} does not exist and cannot be made here ({source}): is the kubelet running? It makes its plugin \
-         directory when it starts; edra is started again until it exists (under systemd, ReadWritePaths= opens \
-         only directories present when edra starts). If the kubelet runs with another --root-dir, set \
-         kubelet.root_dir in edra's config",
-        dir.display()
-    )]
+    #[error("{} does not exist and cannot be made here ({source}): {}", dir.display(), crate::util::KUBELET_DIR_MISSING_FIX)]
     DirMissing {
         /// The missing directory.
         dir: PathBuf,

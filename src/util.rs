@@ -336,6 +336,12 @@ pub fn quantity(v: u64) -> String {
     format!("{n}{}", ["", "k", "M", "G", "T", "P", "E"][i])
 }
 
+/// What to do about a kubelet directory that is missing and cannot be made (said both
+/// where the node lock and where the plugin sockets find it missing).
+pub const KUBELET_DIR_MISSING_FIX: &str = "is the kubelet running? It makes its plugin directory when it starts; \
+     edra is started again until it exists (under systemd, ReadWritePaths= opens only directories present when \
+     edra starts). If the kubelet runs with another --root-dir, set kubelet.root_dir in edra's config";
+
 pub mod fdpass;
 pub mod fdstore;
 

@@ -68,12 +68,7 @@ pub enum PluginError {
     },
     /// A kubelet directory is missing and cannot be made: under systemd the unit opens the
     /// kubelet's directories for writing only when they exist as edra starts.
-    #[error(
-        "the kubelet's directory {path} does not exist and cannot be made here ({source}): is the kubelet running? \
-         It makes the directory when it starts; edra is started again until it exists (under systemd, \
-         ReadWritePaths= opens only directories present when edra starts). If the kubelet runs with another \
-         --root-dir, set kubelet.root_dir in edra's config"
-    )]
+    #[error("{} does not exist and cannot be made here ({source}): {}", path.display(), crate::util::KUBELET_DIR_MISSING_FIX)]
     KubeletDirMissing {
         /// The directory.
         path: PathBuf,
