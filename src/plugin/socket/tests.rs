@@ -34,9 +34,18 @@ async fn a_live_socket_is_never_replaced_and_a_dead_one_is() {
     );
     assert!(err.to_string().contains(&format!("(pid {})", std::process::id())), "{err}");
     assert_eq!(fs::metadata(&path).unwrap().ino(), before, "the live socket is left in place");
-    // Nobody listens any more: the file is stale and is replaced.
+    // Nobody listens any more: the file is stale and is replaced. (A child another test
+    // thread is spawning may hold the listener until its exec: wait that out, bounded.)
     drop(live);
-    let bound = bind(&path, tmp.path()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let bound = loop {
+        match bind(&path, tmp.path()) {
+            Err(PluginError::SocketInUse { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => break other.unwrap(),
+        }
+    };
     assert!(StdUnixStream::connect(&path).is_ok(), "the new socket listens");
     drop(bound);
 }
