@@ -195,17 +195,7 @@ fn valid_word(w: &str) -> bool {
 
 /// Refuses a peer that runs as another user than this process.
 fn check_peer(socket: BorrowedFd<'_>) -> Result<(), HandoverError> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).unwrap_or(libc::socklen_t::MAX);
-    // SAFETY: `cred` and `len` are valid for writes, `len` is the size of `cred`; the
-    // descriptor is borrowed for the call.
-    let rc = unsafe {
-        libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len)
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error().into());
-    }
+    let cred = crate::util::peer_credentials(socket)?;
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
     if cred.uid != euid {

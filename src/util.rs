@@ -193,6 +193,20 @@ pub fn set_dir_mode(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
     f.set_permissions(std::fs::Permissions::from_mode(mode))
 }
 
+/// The credentials of the process at the other end of the connected Unix socket `socket`
+/// (`SO_PEERCRED`: its pid, uid and gid when it connected or listened).
+pub fn peer_credentials(socket: std::os::fd::BorrowedFd<'_>) -> std::io::Result<libc::ucred> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).map_err(std::io::Error::other)?;
+    // SAFETY: `cred` and `len` are valid for writes and `len` is the size of `cred`, as
+    // getsockopt(SO_PEERCRED) requires; the descriptor is borrowed for the call.
+    let rc = unsafe {
+        libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len)
+    };
+    if rc == 0 { Ok(cred) } else { Err(std::io::Error::last_os_error()) }
+}
+
 /// A listening Unix socket bound at `at`, whose file is created with mode 0600 (less the
 /// umask) rather than made private after it appears: Linux gives the file the mode of the
 /// socket's own inode at bind, which `fchmod` on the unbound socket sets. The process's

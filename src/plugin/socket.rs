@@ -228,21 +228,9 @@ fn bind_staged(staged: &Path, path: &Path) -> Result<Option<StdUnixListener>, Pl
 
 /// The pid of the process at the other end of a connected Unix socket (`SO_PEERCRED`).
 fn peer_pid(stream: &StdUnixStream) -> Option<u32> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).ok()?;
-    // SAFETY: `cred` and `len` are valid for writes and `len` is the size of `cred`, as
-    // getsockopt(SO_PEERCRED) requires; the descriptor is open for the call's duration.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast::<libc::c_void>(),
-            &mut len,
-        )
-    };
-    if rc == 0 { u32::try_from(cred.pid).ok().filter(|p| *p != 0) } else { None }
+    use std::os::fd::AsFd;
+    let cred = crate::util::peer_credentials(stream.as_fd()).ok()?;
+    u32::try_from(cred.pid).ok().filter(|p| *p != 0)
 }
 
 /// `<stage>/.<name>~`: where the socket for `path` is bound before it is renamed there.
