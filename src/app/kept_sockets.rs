@@ -101,28 +101,26 @@ async fn store_registered(
 }
 
 /// The status socket (`edra status`) across restarts: the one systemd handed back, when
-/// there is one, and the notifier that stores it again.
+/// there is one.
 pub(super) struct StatusSocket {
     kept: Option<(String, OwnedFd)>,
-    notifier: Option<Arc<Notifier>>,
 }
 
 impl StatusSocket {
     /// Takes the status socket from what systemd handed back (before the rest is dropped).
     pub(super) fn take(inherited: &Mutex<Inherited>) -> StatusSocket {
         let kept = inherited.lock().unwrap_or_else(PoisonError::into_inner).take(STATUS_ROLE);
-        StatusSocket { kept, notifier: None }
-    }
-
-    /// Stores the socket with `notifier` once bound (none: not under systemd).
-    pub(super) fn stored_by(self, notifier: Option<Arc<Notifier>>) -> StatusSocket {
-        StatusSocket { notifier, ..self }
+        StatusSocket { kept }
     }
 
     /// The listening status socket under `runtime_dir` (the one kept when still edra's,
-    /// else bound anew), stored in the fd store under systemd; and whether its file stays
-    /// at exit (stored). None, logged, when it cannot be bound.
-    pub(super) fn bind(self, runtime_dir: &std::path::Path) -> Option<(tokio::net::UnixListener, bool)> {
+    /// else bound anew), stored in the fd store with `notifier` (none: not under systemd);
+    /// and whether its file stays at exit (stored). None, logged, when it cannot be bound.
+    pub(super) fn bind(
+        self,
+        runtime_dir: &std::path::Path,
+        notifier: Option<&Arc<Notifier>>,
+    ) -> Option<(tokio::net::UnixListener, bool)> {
         use std::os::fd::AsFd;
         let (listener, (dev, ino)) = match crate::status::server::adopt_or_bind(runtime_dir, self.kept) {
             Ok(bound) => bound,
@@ -131,7 +129,7 @@ impl StatusSocket {
                 return None;
             }
         };
-        let Some(notifier) = self.notifier else { return Some((listener, false)) };
+        let Some(notifier) = notifier else { return Some((listener, false)) };
         let name = crate::util::fdstore::store_name(STATUS_ROLE, dev, ino);
         match notifier.store_fd(&name, listener.as_fd()) {
             Ok(()) => Some((listener, true)),

@@ -182,9 +182,9 @@ pub async fn run_signalling(
         owned_mig: owned_mig.clone(),
     };
     let (publishing, status_rx) = start_publishing(&config, &cluster, held_shares, &views, &shutdown);
-    let status_socket = status_socket.stored_by(notifier.clone());
+    let kept_status = (status_socket, notifier.as_ref());
     let serving_status =
-        serve_status(&config, backend.clone(), &views, (&plugin, &status_rx), pods_in_use, status_socket, &shutdown);
+        serve_status(&config, backend.clone(), &views, (&plugin, &status_rx), pods_in_use, kept_status, &shutdown);
     let writing_status = keep_claim_status(&config, &cluster, &views, claims_changed, &shutdown);
     let rediscovering =
         tokio::spawn(rediscover(backend, inventory_tx, (config.rediscovery_interval, mig_changes), shutdown.clone()));
@@ -444,7 +444,7 @@ fn serve_status(
     views: &Views,
     (plugin, publish): (&PluginServer, &watch::Receiver<PublishStatus>),
     pods: Arc<crate::prepare::in_use::PodsInUse>,
-    kept: kept_sockets::StatusSocket,
+    (kept, notifier): (kept_sockets::StatusSocket, Option<&Arc<Notifier>>),
     shutdown: &watch::Receiver<bool>,
 ) -> Option<JoinHandle<()>> {
     let status = crate::status::collect::StatusSources {
@@ -460,7 +460,7 @@ fn serve_status(
         pods,
         started_at: crate::health::view::unix_secs(std::time::SystemTime::now()),
     };
-    let (listener, keep_file) = kept.bind(&config.paths.runtime_dir)?;
+    let (listener, keep_file) = kept.bind(&config.paths.runtime_dir, notifier)?;
     Some(crate::status::server::serve(listener, &config.paths.runtime_dir, status, (shutdown.clone(), keep_file)))
 }
 
