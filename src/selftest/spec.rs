@@ -171,9 +171,7 @@ pub fn check_driver_files(ctx: &Context, version: Option<&str>) -> Check {
     };
     let host = HostRoots { sys_root: ctx.config.paths.sys_root.clone(), proc_root: ctx.config.paths.proc_root.clone() };
     let files = driver_files::discover(root, version, &host);
-    let has = |name: &str| {
-        files.libraries.iter().any(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(name)))
-    };
+    let has = |name: &str| lists_library(&files.libraries, name);
     let detail = format!(
         "under {}: {} libraries of driver {version} in {}, tools: {}, {} firmware file(s)",
         root.display(),
@@ -199,16 +197,18 @@ pub fn check_driver_files(ctx: &Context, version: Option<&str>) -> Check {
     }
 }
 
+/// Whether `libraries` holds a file whose name starts with `prefix` (e.g. `libcuda.so.`).
+fn lists_library(libraries: &[std::path::PathBuf], prefix: &str) -> bool {
+    libraries.iter().any(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix)))
+}
+
 /// The node-wide `driver-files` check on a Jetson: what its CSV lists give.
 pub fn check_jetson_files(ctx: &Context) -> Check {
     let started = Instant::now();
     let paths = &ctx.config.paths;
     match driver_files::csv::discover(&paths.driver_root, &paths.dev_root) {
         Ok(files) => {
-            let cuda = files
-                .libraries
-                .iter()
-                .any(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libcuda.so")));
+            let cuda = lists_library(&files.libraries, "libcuda.so");
             let detail = format!(
                 "CSV lists under {}: {} device nodes, {} libraries, {} links, {} folders",
                 paths.driver_root.join(driver_files::csv::CSV_DIR).display(),
