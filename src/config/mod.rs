@@ -330,6 +330,22 @@ impl LoadContext {
     }
 }
 
+#[cfg(test)]
+impl Config {
+    /// edra's defaults (no file, no environment, no flags) for node `hostname`: where a
+    /// unit test's configuration starts.
+    pub(crate) fn defaults_for(hostname: &str) -> Config {
+        let ctx = LoadContext {
+            explicit_file: None,
+            default_file: "/nonexistent/edra.toml".into(),
+            env: vec![],
+            overrides: Overrides::default(),
+            hostname: Some(hostname.into()),
+        };
+        Config::load(&ctx).expect("defaults are valid")
+    }
+}
+
 /// The host name from the kernel, lower-cased, or `None`.
 pub fn hostname() -> Option<String> {
     let mut buf = [0u8; 256];

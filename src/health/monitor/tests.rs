@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::*;
-use crate::config::{Config, LoadContext, Overrides};
 use crate::health::MockHealth;
 use crate::health::view::{ConditionKind, Rules};
 use crate::inventory::{DeviceBackend, Inventory};
@@ -19,14 +18,7 @@ const NODE: &str = "n1";
 const DEADLINE: Duration = Duration::from_secs(20);
 
 fn mock_inventory(gpus: u32) -> Inventory {
-    let ctx = LoadContext {
-        explicit_file: None,
-        default_file: "/nonexistent/edra.toml".into(),
-        env: vec![],
-        overrides: Overrides::default(),
-        hostname: Some(NODE.into()),
-    };
-    let mut cfg = Config::load(&ctx).expect("defaults are valid");
+    let mut cfg = crate::config::Config::defaults_for(NODE);
     cfg.mock.gpus = gpus;
     crate::inventory::mock::MockBackend::new(&cfg).discover().expect("discover")
 }

@@ -90,14 +90,7 @@ fn a_50_mb_line_is_logged_by_its_prefix_and_the_next_event_still_counts() {
 
 #[test]
 fn a_jetson_without_thors_nvml_is_reported_unmonitored_with_the_reason() {
-    let ctx = crate::config::LoadContext {
-        explicit_file: None,
-        default_file: "/nonexistent/edra.toml".into(),
-        env: vec![],
-        overrides: crate::config::Overrides::default(),
-        hostname: Some("jetson-1".into()),
-    };
-    let mut cfg = crate::config::Config::load(&ctx).expect("defaults are valid");
+    let mut cfg = crate::config::Config::defaults_for("jetson-1");
     cfg.nvml.library = "libnvidia-ml-absent-for-tests.so.1".into();
     let health = crate::health::backend_for(&cfg, "tegra");
     let seen = std::sync::Mutex::new(Vec::new());

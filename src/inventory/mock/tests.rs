@@ -1,16 +1,9 @@
 use super::*;
-use crate::config::{LoadContext, MockMig, Overrides};
+use crate::config::MockMig;
 use crate::inventory::{AttributeValue, DeviceKind};
 
 fn config(node: &str) -> Config {
-    let ctx = LoadContext {
-        explicit_file: None,
-        default_file: "/nonexistent/edra.toml".into(),
-        env: vec![],
-        overrides: Overrides::default(),
-        hostname: Some(node.into()),
-    };
-    let mut cfg = Config::load(&ctx).expect("defaults are valid");
+    let mut cfg = crate::config::Config::defaults_for(node);
     cfg.paths.dev_root = "/tdev".into();
     cfg
 }

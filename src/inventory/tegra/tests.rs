@@ -22,14 +22,7 @@ fn orin(dir: &std::path::Path) -> Paths {
 }
 
 fn config(paths: Paths) -> Config {
-    let ctx = crate::config::LoadContext {
-        explicit_file: None,
-        default_file: "/nonexistent/edra.toml".into(),
-        env: vec![],
-        overrides: crate::config::Overrides::default(),
-        hostname: Some("jetson-1".into()),
-    };
-    let mut cfg = Config::load(&ctx).expect("defaults are valid");
+    let mut cfg = Config::defaults_for("jetson-1");
     cfg.paths = paths;
     // No NVML here: a name the loader cannot find.
     cfg.nvml.library = "libnvidia-ml-absent-for-tests.so.1".into();

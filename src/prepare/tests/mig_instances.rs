@@ -21,14 +21,7 @@ pub(super) struct Mig {
 }
 
 fn mock_backend(root: &Path) -> Arc<MockBackend> {
-    let ctx = crate::config::LoadContext {
-        explicit_file: None,
-        default_file: "/nonexistent/edra.toml".into(),
-        env: vec![],
-        overrides: Default::default(),
-        hostname: Some(NODE.into()),
-    };
-    let mut cfg = crate::config::Config::load(&ctx).unwrap();
+    let mut cfg = crate::config::Config::defaults_for(NODE);
     cfg.paths.dev_root = root.join("dev");
     cfg.paths.sys_root = root.join("sys");
     cfg.paths.runtime_dir = root.join("run/edra");

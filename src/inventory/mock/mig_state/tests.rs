@@ -1,17 +1,9 @@
-use crate::config::{Config, LoadContext, Overrides};
 use crate::gpu::mig_control::{MigError, Placement};
 use crate::inventory::mock::MockBackend;
 use crate::inventory::{DeviceBackend, DeviceKind};
 
 fn backend(runtime: &std::path::Path, product: &str) -> MockBackend {
-    let ctx = LoadContext {
-        explicit_file: None,
-        default_file: "/nonexistent/edra.toml".into(),
-        env: vec![],
-        overrides: Overrides::default(),
-        hostname: Some("n1".into()),
-    };
-    let mut cfg = Config::load(&ctx).expect("defaults are valid");
+    let mut cfg = crate::config::Config::defaults_for("n1");
     cfg.paths.dev_root = "/tdev".into();
     cfg.paths.runtime_dir = runtime.to_path_buf();
     cfg.mock.mig_mode = true;
