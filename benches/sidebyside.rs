@@ -174,13 +174,7 @@ async fn main() {
             std::thread::sleep(delay);
             let claim = v1::Claim { namespace: ns.into(), name: name.clone(), uid: uid.clone() };
             let client = &mut clients[i];
-            let t = Instant::now();
-            let r = client
-                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
-                .await
-                .expect("NodePrepareResources");
-            let first = t.elapsed();
-            let err = r.get_ref().claims.get(&uid).map(|c| c.error.clone()).unwrap_or_default();
+            let (first, err) = timed_prepare(client, &claim).await;
             assert!(err.is_empty(), "{}: prepare of {name} failed: {err}", p.label);
             let mut repeat = Vec::with_capacity(repeats);
             let mut between = Vec::new();
@@ -207,13 +201,7 @@ async fn main() {
             // The same claim prepared again for the same pod, after its unprepare: what the
             // plugin read before the kubelet asked is used up, so the call reads the claim.
             std::thread::sleep(delay);
-            let t = Instant::now();
-            let r = client
-                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
-                .await
-                .expect("NodePrepareResources after unprepare");
-            let again = t.elapsed();
-            let err = r.get_ref().claims.get(&uid).map(|c| c.error.clone()).unwrap_or_default();
+            let (again, err) = timed_prepare(client, &claim).await;
             assert!(err.is_empty(), "{}: prepare of {name} after its unprepare failed: {err}", p.label);
             client
                 .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim] })
@@ -290,6 +278,21 @@ async fn main() {
         }
         std::fs::write(&path, out).expect("write SBS_RAW");
     }
+}
+
+/// Times one NodePrepareResources call for `claim`; returns how long it took and the
+/// error the plugin gave for the claim (empty when it was prepared).
+async fn timed_prepare(
+    client: &mut v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>,
+    claim: &v1::Claim,
+) -> (Duration, String) {
+    let t = Instant::now();
+    let r = client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim.clone()] })
+        .await
+        .expect("NodePrepareResources");
+    let took = t.elapsed();
+    (took, r.get_ref().claims.get(&claim.uid).map(|c| c.error.clone()).unwrap_or_default())
 }
 
 /// Times one NodePrepareResources call with no claims.
